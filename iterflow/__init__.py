@@ -1,0 +1,49 @@
+"""iterflow: bounded and unbounded iterations on Apache Spark.
+
+Declare an iteration body with named inputs; iterflow runs it round by round,
+cuts lineage so plans never grow, tracks progress, calls listeners and stops on
+termination conditions::
+
+    import iterflow as itf
+
+    @itf.body
+    def step(x, ctx):
+        nxt = x.selectExpr("v + 1 AS v").where("v < 5")
+        return itf.Declaration(feedback={"x": nxt}, outputs={"x": nxt})
+
+    result = itf.BoundedIteration(step).bind("x", df).until(itf.max_rounds(10)).run()
+"""
+
+from iterflow.body import Declaration, IterationBody, RoundContext, body
+from iterflow.bounded import BoundedIteration, IterationResult
+from iterflow.errors import DivergenceError, IterflowError, IterflowWarning, RoundError
+from iterflow.progress import IterationEnd, RoundEnd, RoundListener, RoundProgress
+from iterflow.runtime.session import session
+from iterflow.termination import Condition, Termination, converged, empty, max_rounds, until
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BoundedIteration",
+    "Condition",
+    "Declaration",
+    "DivergenceError",
+    "IterationBody",
+    "IterationEnd",
+    "IterationResult",
+    "IterflowError",
+    "IterflowWarning",
+    "RoundContext",
+    "RoundEnd",
+    "RoundError",
+    "RoundListener",
+    "RoundProgress",
+    "Termination",
+    "__version__",
+    "body",
+    "converged",
+    "empty",
+    "max_rounds",
+    "session",
+    "until",
+]

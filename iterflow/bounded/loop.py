@@ -1,0 +1,307 @@
+"""The bounded round loop.
+
+Round k calls the body on the variables (feedback of round k-1, or the bound
+values at round 0) and the data inputs, materializes what it declared (cutting
+lineage, so plans never grow), builds its RoundProgress, calls listeners,
+decides termination, and releases what round k-1 held.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from functools import partial
+from typing import Any, NoReturn
+
+import attrs
+from pyspark.sql import DataFrame
+
+from iterflow.body import Declaration, IterationBody, RoundContext
+from iterflow.bounded.result import IterationResult
+from iterflow.errors import (
+    IterflowError,
+    IterflowTypeError,
+    IterflowValueError,
+    IterflowWarning,
+    RoundError,
+)
+from iterflow.progress.listeners import Emitter, IterationEnd, ListenerSet, RoundEnd
+from iterflow.progress.round import RoundProgress
+from iterflow.runtime.materialize import Materialized, materialize, persist_owned, release
+from iterflow.runtime.schema import is_numeric, schema_differences
+from iterflow.runtime.scope import CacheRegistry, SparkRoundScope
+from iterflow.termination import (
+    Condition,
+    Converged,
+    Empty,
+    Termination,
+    check_converged_value,
+    decide,
+    flatten,
+)
+
+
+def _fail(epoch: int, stage: str, exc: BaseException) -> NoReturn:
+    """Re-raise ``exc`` from round ``epoch``; iterflow's own errors pass unchanged."""
+    if isinstance(exc, IterflowError):
+        raise exc
+    raise RoundError(epoch, stage, exc) from exc
+
+
+@attrs.frozen
+class _Round:
+    """One validated round: its Declaration and the termination leaves that apply."""
+
+    declaration: Declaration
+    conditions: tuple[Condition, ...]
+
+    @property
+    def criteria(self) -> list[Empty]:
+        return [c for c in self.conditions if isinstance(c, Empty)]
+
+    @property
+    def convergence(self) -> list[Converged]:
+        return [c for c in self.conditions if isinstance(c, Converged)]
+
+
+class RoundLoop:
+    """Runs one bounded iteration; made by ``BoundedIteration.run``."""
+
+    def __init__(
+        self,
+        *,
+        body: IterationBody,
+        inputs: Mapping[str, DataFrame],
+        replay: set[str],
+        conditions: tuple[Condition, ...],
+        listeners: ListenerSet,
+    ) -> None:
+        self.body = body
+        self.inputs = dict(inputs)
+        self.replay = replay
+        self.conditions = tuple(flatten(conditions))
+        self.listeners = listeners
+        self.schemas = {name: df.schema for name, df in inputs.items()}
+        self.state: dict[str, Any] = {}
+        self.emitter = Emitter()
+        self.caches = CacheRegistry()
+        self.history: list[RoundProgress] = []
+        self.variable_names: tuple[str, ...] | None = None
+        # Checkpoints made by the previous round (its feedback and outputs).
+        self.held: list[DataFrame] = []
+        # Inputs iterflow persisted at the start (data inputs and round-0 variables).
+        self.owned_inputs: dict[str, DataFrame] = {}
+
+    # -- the loop --------------------------------------------------------------
+
+    def run(self) -> IterationResult:
+        for name, df in self.inputs.items():
+            if name not in self.replay and persist_owned(df):
+                self.owned_inputs[name] = df
+        current = dict(self.inputs)
+        kept: dict[str, DataFrame] = {}
+        try:
+            epoch = 0
+            while True:
+                current, outputs, termination = self._round(epoch, current)
+                if termination is not None:
+                    end = IterationEnd(
+                        termination=termination,
+                        rounds=epoch + 1,
+                        outputs=outputs,
+                        history=tuple(self.history),
+                        state=self.state,
+                        emitter=self.emitter,
+                    )
+                    self.listeners.iteration_terminated(end, partial(_fail, epoch))
+                    kept = outputs
+                    return IterationResult(
+                        outputs=outputs,
+                        rounds=epoch + 1,
+                        termination=termination,
+                        history=list(self.history),
+                        emitted={k: list(v) for k, v in self.emitter.values.items()},
+                    )
+                epoch += 1
+        finally:
+            self._release_all(keep=kept)
+
+    def _round(
+        self, epoch: int, inputs: dict[str, DataFrame]
+    ) -> tuple[dict[str, DataFrame], dict[str, DataFrame], Termination | None]:
+        started_at = datetime.now(timezone.utc)
+        clock = time.perf_counter()
+        scope = SparkRoundScope(epoch, self.caches)
+        ctx = RoundContext(epoch, self.state, scope)
+        try:
+            declaration = self.body(inputs, ctx)
+        except Exception as exc:
+            _fail(epoch, f"body '{self.body.name}'", exc)
+        plan = self._validate(epoch, declaration)
+        feedback, outputs = plan.declaration.feedback, plan.declaration.outputs
+
+        try:
+            done = materialize(
+                targets=[*feedback.values(), *outputs.values()],
+                criteria=[c.criteria for c in plan.criteria],
+                values=[c.value for c in plan.convergence if not callable(c.value)],
+                epoch=epoch,
+            )
+        except Exception as exc:
+            _fail(epoch, "materialization", exc)
+        next_vars = {
+            name: self._aligned(name, done.frames[id(df)]) for name, df in feedback.items()
+        }
+        materialized_outputs = {name: done.frames[id(df)] for name, df in outputs.items()}
+        rows = {name: done.rows[id(df)] for name, df in [*feedback.items(), *outputs.items()]}
+        criteria_empty: dict[Condition, bool] = {
+            c: done.criteria_empty[id(c.criteria)] for c in plan.criteria
+        }
+
+        progress = RoundProgress(
+            epoch=epoch,
+            epoch_watermark=epoch,
+            started_at=started_at,
+            duration_s=time.perf_counter() - clock,
+            rows=rows,
+            criteria_empty=any(criteria_empty.values()) if criteria_empty else None,
+            observed=scope.observed(),
+        )
+
+        def round_end(progress: RoundProgress) -> RoundEnd:
+            return RoundEnd(
+                epoch=epoch,
+                epoch_watermark=epoch,
+                inputs=inputs,
+                variables=next_vars,
+                outputs=materialized_outputs,
+                progress=progress,
+                state=self.state,
+                emitter=self.emitter,
+            )
+
+        values = self._convergence_values(epoch, plan, done, round_end(progress))
+        if values:
+            progress = attrs.evolve(
+                progress,
+                converged_value=values[plan.convergence[0]],
+                duration_s=time.perf_counter() - clock,
+            )
+        self.history.append(progress)
+        self.listeners.round_end(round_end(progress), partial(_fail, epoch))
+        try:
+            termination = decide(
+                plan.conditions,
+                progress,
+                criteria_empty=criteria_empty,
+                converged_values=values,
+                feedback_empty=all(rows[name] == 0 for name in feedback),
+            )
+        except Exception as exc:
+            _fail(epoch, "until predicate", exc)
+
+        # Round k is complete: release what round k-1 held and this round's caches.
+        self.caches.release("round")
+        for df in self.held:
+            release(df)
+        if epoch == 0:
+            for name in self.variable_names or ():
+                if name in self.owned_inputs:
+                    self.owned_inputs.pop(name).unpersist(blocking=False)
+        self.held = list({id(df): df for df in done.frames.values()}.values())
+        return {**self._data_inputs(), **next_vars}, materialized_outputs, termination
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _data_inputs(self) -> dict[str, DataFrame]:
+        return {
+            name: df for name, df in self.inputs.items() if name not in (self.variable_names or ())
+        }
+
+    def _aligned(self, name: str, df: DataFrame) -> DataFrame:
+        """``df`` with the columns in the order of input ``name``."""
+        order = self.schemas[name].fieldNames()
+        return df if df.columns == order else df.select(*order)
+
+    def _convergence_values(
+        self, epoch: int, plan: _Round, done: Materialized, ctx: RoundEnd
+    ) -> dict[Condition, float]:
+        values: dict[Condition, float] = {}
+        for condition in plan.convergence:
+            if callable(condition.value):
+                try:
+                    raw = condition.value(ctx)
+                except Exception as exc:
+                    _fail(epoch, "convergence value", exc)
+            else:
+                raw = done.values[id(condition.value)]
+            values[condition] = check_converged_value(raw, epoch)
+        return values
+
+    def _validate(self, epoch: int, declaration: Any) -> _Round:
+        """Check a Declaration against the body's inputs before any Spark job runs."""
+        where = f"epoch {epoch}: body '{self.body.name}'"
+        if not isinstance(declaration, Declaration):
+            raise IterflowTypeError(
+                f"{where} returned {type(declaration).__name__}; "
+                "return itf.Declaration(feedback=..., outputs=..., until=...)"
+            )
+        for name in declaration.feedback:
+            if name not in self.inputs:
+                raise IterflowValueError(
+                    f"{where}: feedback '{name}' is not an input; feedback names must be "
+                    f"input names {list(self.inputs)} (use outputs= for results)"
+                )
+        names = tuple(declaration.feedback)
+        if self.variable_names is None:
+            replayed = sorted(set(names) & self.replay)
+            if replayed:
+                raise IterflowValueError(
+                    f"{where}: input '{replayed[0]}' is bound with replay=True but receives "
+                    "feedback; replay applies to data inputs only, drop replay=True"
+                )
+            self.variable_names = names
+        elif set(names) != set(self.variable_names):
+            raise IterflowValueError(
+                f"{where}: declared feedback for {sorted(names)} but round 0 declared "
+                f"{sorted(self.variable_names)}; declare the same feedback names every round"
+            )
+        for name, df in declaration.feedback.items():
+            problems = schema_differences(self.schemas[name], df.schema)
+            if problems:
+                raise IterflowValueError(
+                    f"{where}: feedback '{name}' does not match the schema of input "
+                    f"'{name}': " + "; ".join(problems)
+                )
+        conditions = (*self.conditions, *flatten([declaration.until]))
+        for condition in conditions:
+            if isinstance(condition, Converged) and not callable(condition.value):
+                fields = condition.value.schema.fields
+                if len(fields) != 1 or not is_numeric(fields[0].dataType):
+                    described = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in fields)
+                    raise IterflowValueError(
+                        f"{where}: the convergence value must have one numeric column, "
+                        f"it has ({described})"
+                    )
+        if epoch == 0 and not conditions and names:
+            warnings.warn(
+                f"body '{self.body.name}' has no max_rounds, criteria, convergence or "
+                "predicate condition; it stops only when its feedback is empty",
+                IterflowWarning,
+                stacklevel=5,
+            )
+        return _Round(declaration, conditions)
+
+    def _release_all(self, keep: Mapping[str, DataFrame]) -> None:
+        """Release everything iterflow holds but the result's outputs."""
+        keep_ids = {id(df) for df in keep.values()}
+        self.caches.release("round")
+        self.caches.release("iteration")
+        for df in self.held:
+            if id(df) not in keep_ids:
+                release(df)
+        for df in self.owned_inputs.values():
+            df.unpersist(blocking=False)
+        self.owned_inputs = {}

@@ -1,0 +1,34 @@
+"""The value a bounded iteration returns."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+from pyspark.sql import DataFrame
+
+from iterflow.progress.round import RoundProgress
+from iterflow.runtime.materialize import release
+from iterflow.termination import Termination
+
+
+@attrs.define(kw_only=True)
+class IterationResult:
+    """Outputs of the last round, how the iteration ended, and its per-round history.
+
+    ``outputs`` are materialized and stay valid until :meth:`release`.
+    """
+
+    outputs: Mapping[str, DataFrame]
+    rounds: int
+    termination: Termination
+    history: list[RoundProgress]
+    emitted: dict[str, list[Any]]
+    metrics: dict[str, Any] = attrs.field(factory=dict)
+    resumed_from: int | None = None
+
+    def release(self) -> None:
+        """Free the memory held by ``outputs``; they cannot be read afterwards."""
+        for df in {id(df): df for df in self.outputs.values()}.values():
+            release(df)

@@ -1,0 +1,1 @@
+"""Runnable demonstrations, written only against iterflow's public API."""

@@ -1,0 +1,45 @@
+"""The exceptions iterflow raises. Pure Python: no Spark import."""
+
+from __future__ import annotations
+
+
+class IterflowError(Exception):
+    """Base of every error iterflow raises for misuse or a failed round.
+
+    Messages say what was wrong, name the culprit in quotes ('ranks') and say
+    what to do about it.
+    """
+
+
+class IterflowValueError(IterflowError, ValueError):
+    """A value iterflow was given is wrong (a name, a bound, a schema)."""
+
+
+class IterflowTypeError(IterflowError, TypeError):
+    """An object of the wrong kind was given (e.g. a body returned a dict)."""
+
+
+class DivergenceError(IterflowError, ArithmeticError):
+    """A convergence value became NaN or infinite; ``epoch`` says in which round."""
+
+    def __init__(self, message: str, epoch: int) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+
+
+class RoundError(IterflowError):
+    """Something raised inside round ``epoch``: the body, a listener or a Spark job.
+
+    The original exception is chained as ``__cause__``; ``stage`` says where it
+    happened (``"body"``, ``"materialization"``, ``"listener 'name'"``...).
+    """
+
+    def __init__(self, epoch: int, stage: str, cause: BaseException) -> None:
+        first_line = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        super().__init__(f"epoch {epoch} failed in {stage}: {type(cause).__name__}: {first_line}")
+        self.epoch = epoch
+        self.stage = stage
+
+
+class IterflowWarning(UserWarning):
+    """Something works but is probably not what was meant."""

@@ -1,0 +1,158 @@
+"""Round-end listeners and their dispatch. Pure Python: no Spark import.
+
+A listener sees every round once, in epoch order, after the round's feedback,
+outputs and criteria are materialized; ``on_iteration_terminated`` comes once,
+after the last ``on_round_end``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+from iterflow.errors import IterflowTypeError
+from iterflow.progress.round import RoundProgress
+
+
+class RoundListener:
+    """Subclass and override either method; both default to doing nothing."""
+
+    def on_round_end(self, ctx: RoundEnd) -> None:
+        """Called after round ``ctx.epoch``."""
+
+    def on_iteration_terminated(self, ctx: IterationEnd) -> None:
+        """Called once, after the last round."""
+
+
+class Emitter:
+    """Collects ``emit(name, value)`` calls into name -> list of values."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[Any]] = {}
+
+    def emit(self, name: str, value: Any) -> None:
+        if not isinstance(name, str):
+            raise IterflowTypeError(f"emit() takes a str name, got {type(name).__name__}")
+        self.values.setdefault(name, []).append(value)
+
+
+@attrs.frozen(kw_only=True)
+class RoundEnd:
+    """What a listener sees at the end of round ``epoch``.
+
+    ``inputs`` are the DataFrames the round consumed, ``variables`` the
+    materialized feedback (the next round's variable inputs), ``outputs`` the
+    materialized outputs. They stay readable until the next round ends.
+    """
+
+    epoch: int
+    epoch_watermark: int
+    inputs: Mapping[str, Any]
+    variables: Mapping[str, Any]
+    outputs: Mapping[str, Any]
+    progress: RoundProgress
+    state: dict[str, Any]
+    _emitter: Emitter = attrs.field(alias="emitter", repr=False)
+
+    def emit(self, name: str, value: Any) -> None:
+        """Record ``value`` under ``name``; the run's result lists them in ``emitted``."""
+        self._emitter.emit(name, value)
+
+
+@attrs.frozen(kw_only=True)
+class IterationEnd:
+    """What a listener sees once the iteration has terminated."""
+
+    termination: Any  # iterflow.termination.Termination
+    rounds: int
+    outputs: Mapping[str, Any]
+    history: tuple[RoundProgress, ...]
+    state: dict[str, Any]
+    _emitter: Emitter = attrs.field(alias="emitter", repr=False)
+
+    def emit(self, name: str, value: Any) -> None:
+        self._emitter.emit(name, value)
+
+
+def listener_name(listener: object) -> str:
+    """A readable name for error messages: the function or class name."""
+    target = getattr(listener, "__name__", None) or type(listener).__name__
+    return str(target)
+
+
+@attrs.define
+class _Registration:
+    target: Any  # a RoundListener, a plain function, or a factory when per_round
+    per_round: bool
+
+
+class ListenerSet:
+    """The listeners of one iteration, in registration order.
+
+    ``per_round`` registrations are factories: a fresh instance is made for each
+    round, and the last round's instance also receives ``on_iteration_terminated``.
+    """
+
+    def __init__(self) -> None:
+        self._registrations: list[_Registration] = []
+        self._current: dict[int, Any] = {}
+
+    def add(self, listener: Any, *, per_round: bool = False) -> None:
+        if isinstance(listener, type) and not per_round:
+            raise IterflowTypeError(
+                f"listen({listener.__name__}): pass an instance, or per_round=True to make "
+                "a fresh instance every round"
+            )
+        if per_round and not callable(listener):
+            raise IterflowTypeError(
+                f"listen(..., per_round=True) takes a zero-argument factory (e.g. a class), "
+                f"got {type(listener).__name__}"
+            )
+        if not callable(listener) and not _is_listener(listener):
+            raise IterflowTypeError(
+                f"listen() takes a RoundListener, a function (RoundEnd) -> None, or with "
+                f"per_round=True a zero-argument factory; got {type(listener).__name__}"
+            )
+        self._registrations.append(_Registration(listener, per_round))
+
+    def __len__(self) -> int:
+        return len(self._registrations)
+
+    def round_end(self, ctx: RoundEnd, on_error: Callable[[str, BaseException], None]) -> None:
+        """Dispatch ``on_round_end``; ``on_error(name, exc)`` turns a failure into a round error."""
+        for index, registration in enumerate(self._registrations):
+            listener = registration.target
+            name = listener_name(listener)
+            try:
+                if registration.per_round:
+                    listener = registration.target()
+                    self._current[index] = listener
+                _call_round_end(listener, ctx)
+            except Exception as exc:
+                on_error(f"listener '{name}'", exc)
+
+    def iteration_terminated(
+        self, ctx: IterationEnd, on_error: Callable[[str, BaseException], None]
+    ) -> None:
+        for index, registration in enumerate(self._registrations):
+            listener = self._current.get(index) if registration.per_round else registration.target
+            if listener is None or not _is_listener(listener):
+                continue  # plain functions only hear round ends
+            try:
+                listener.on_iteration_terminated(ctx)
+            except Exception as exc:
+                on_error(f"listener '{listener_name(registration.target)}'", exc)
+
+
+def _is_listener(obj: Any) -> bool:
+    return hasattr(obj, "on_round_end") or hasattr(obj, "on_iteration_terminated")
+
+
+def _call_round_end(listener: Any, ctx: RoundEnd) -> None:
+    if _is_listener(listener):
+        if hasattr(listener, "on_round_end"):
+            listener.on_round_end(ctx)
+    else:
+        listener(ctx)

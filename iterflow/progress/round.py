@@ -1,0 +1,36 @@
+"""What one round did: the record listeners, predicates and logs receive."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import attrs
+
+
+def _frozen_dict(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return dict(value or {})
+
+
+@attrs.frozen(kw_only=True)
+class RoundProgress:
+    """Progress of round ``epoch``.
+
+    ``rows`` maps each feedback and output name to its row count, counted in
+    the job that materialized it. ``observed`` maps each ``ctx.observe`` name to
+    the rows Spark evaluated there, or None when Spark never evaluated it.
+    ``criteria_empty`` is None when the round declared no ``itf.empty`` criteria.
+    """
+
+    epoch: int
+    epoch_watermark: int
+    started_at: datetime
+    duration_s: float
+    rows: Mapping[str, int] = attrs.field(factory=dict, converter=_frozen_dict)
+    criteria_empty: bool | None = None
+    observed: Mapping[str, int | None] = attrs.field(factory=dict, converter=_frozen_dict)
+    metrics: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_dict)
+    converged_value: float | None = None
+    rounds_remaining_estimate: int | None = None
+    eta_s: float | None = None

@@ -1,0 +1,1 @@
+"""Spark machinery shared by the bounded and unbounded loops."""

@@ -1,0 +1,112 @@
+"""Materializing a round: evaluate its DataFrames once, count rows, cut lineage.
+
+Per round, every distinct feedback/output DataFrame is checkpointed locally
+(``localCheckpoint(eager=True)``) with a row-count observation riding on the
+same job, so plans never grow and no extra count job runs. When the round has
+more than one thing to evaluate (several DataFrames, criteria, a convergence
+value), the DataFrames are persisted first: Spark's cache manager then serves
+the later evaluations from memory instead of recomputing the round, and the
+caches are dropped once the round's checkpoints exist.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, Observation
+from pyspark.sql import functions as F
+
+from iterflow.errors import IterflowValueError
+from iterflow.runtime.jvm import observation_ready, release_local_checkpoint
+
+_names = itertools.count()
+
+
+def unique_observation(prefix: str) -> Observation:
+    """An Observation with a name no other plan of this process uses."""
+    return Observation(f"iterflow_{prefix}_{next(_names)}")
+
+
+def observe_rows(df: DataFrame, observation: Observation) -> DataFrame:
+    return df.observe(observation, F.count(F.lit(1)).alias("rows"))
+
+
+def observed_rows(observation: Observation) -> int | None:
+    """Rows counted by ``observation``, or None when Spark never (fully) evaluated it."""
+    if not observation_ready(observation):
+        return None
+    try:
+        return int(observation.get["rows"])
+    except Exception:  # pruned by the optimizer: Spark completes it with an error
+        return None
+
+
+def is_persisted(df: DataFrame) -> bool:
+    """True when ``df`` (or a DataFrame with an equal plan) is cached already."""
+    return bool(df.storageLevel != StorageLevel.NONE)
+
+
+def persist_owned(df: DataFrame) -> bool:
+    """Persist ``df`` unless it is cached already; True when iterflow now owns the cache."""
+    if is_persisted(df):
+        return False
+    df.persist(StorageLevel.MEMORY_AND_DISK)
+    return True
+
+
+def release(df: DataFrame) -> None:
+    """Release what iterflow persisted or checkpointed for ``df``."""
+    df.unpersist(blocking=False)
+    release_local_checkpoint(df)
+
+
+@attrs.frozen
+class Materialized:
+    """The result of one round's materialization, keyed by ``id()`` of the original objects."""
+
+    frames: dict[int, DataFrame]
+    rows: dict[int, int]
+    criteria_empty: dict[int, bool]
+    values: dict[int, Any]
+
+
+def materialize(
+    targets: Sequence[DataFrame],
+    criteria: Sequence[DataFrame],
+    values: Sequence[DataFrame],
+    epoch: int,
+) -> Materialized:
+    """Checkpoint ``targets``, test ``criteria`` for emptiness, read one-cell ``values``."""
+    distinct = list({id(df): df for df in targets}.values())
+    target_ids = {id(df) for df in distinct}
+    extra_criteria = [df for df in criteria if id(df) not in target_ids]
+    shared = len(distinct) > 1 or bool(extra_criteria) or bool(values)
+    owned = [df for df in distinct if shared and persist_owned(df)]
+    try:
+        frames: dict[int, DataFrame] = {}
+        rows: dict[int, int] = {}
+        for df in distinct:
+            observation = unique_observation("rows")
+            frames[id(df)] = observe_rows(df, observation).localCheckpoint(eager=True)
+            rows[id(df)] = int(observation.get["rows"])
+        empty = {id(df): (rows[id(df)] == 0 if id(df) in rows else df.isEmpty()) for df in criteria}
+        read = {id(df): _one_cell(df, epoch) for df in values}
+    finally:
+        for df in owned:
+            df.unpersist(blocking=False)
+    return Materialized(frames=frames, rows=rows, criteria_empty=empty, values=read)
+
+
+def _one_cell(df: DataFrame, epoch: int) -> Any:
+    cells = df.limit(2).collect()
+    if len(cells) != 1:
+        count = "no rows" if not cells else "more than one row"
+        raise IterflowValueError(
+            f"epoch {epoch}: the convergence value has {count}; "
+            "it must be a one-row aggregate such as df.agg(F.max(...))"
+        )
+    return cells[0][0]

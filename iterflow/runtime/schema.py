@@ -1,0 +1,50 @@
+"""Schema comparison for feedback against its input: names and types, nullability ignored."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql.types import ArrayType, DataType, MapType, NumericType, StructField, StructType
+
+
+def without_nullability(data_type: DataType) -> DataType:
+    """``data_type`` with every nullability flag set to True (so widening compares equal)."""
+    if isinstance(data_type, StructType):
+        return StructType(
+            [StructField(f.name, without_nullability(f.dataType), True) for f in data_type.fields]
+        )
+    if isinstance(data_type, ArrayType):
+        return ArrayType(without_nullability(data_type.elementType), True)
+    if isinstance(data_type, MapType):
+        return MapType(
+            without_nullability(data_type.keyType), without_nullability(data_type.valueType), True
+        )
+    return data_type
+
+
+def schema_differences(expected: StructType, actual: StructType) -> list[str]:
+    """Human-readable differences between two schemas; empty when they match.
+
+    Column order and nullability do not count.
+    """
+    want = {f.name: f.dataType for f in expected.fields}
+    have = {f.name: f.dataType for f in actual.fields}
+    problems: list[str] = []
+    for name, data_type in want.items():
+        if name not in have:
+            problems.append(f"column '{name}' ({data_type.simpleString()}) is missing")
+        elif without_nullability(have[name]) != without_nullability(data_type):
+            problems.append(
+                f"column '{name}' is {have[name].simpleString()}, "
+                f"expected {data_type.simpleString()}"
+            )
+    problems.extend(
+        f"column '{name}' ({have[name].simpleString()}) is not in the input"
+        for name in have
+        if name not in want
+    )
+    return problems
+
+
+def is_numeric(data_type: Any) -> bool:
+    return isinstance(data_type, NumericType)

@@ -1,0 +1,64 @@
+"""What a RoundContext does on Spark: per-round observations and caches."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, Observation
+
+from iterflow.body import Lifecycle
+from iterflow.errors import IterflowTypeError, IterflowValueError
+from iterflow.runtime.materialize import (
+    observe_rows,
+    observed_rows,
+    persist_owned,
+    unique_observation,
+)
+
+
+class CacheRegistry:
+    """DataFrames iterflow persisted, by lifecycle; releases only what it persisted."""
+
+    def __init__(self) -> None:
+        self._owned: dict[str, list[DataFrame]] = {"round": [], "iteration": []}
+
+    def cache(self, df: DataFrame, lifecycle: Lifecycle) -> DataFrame:
+        if lifecycle not in self._owned:
+            raise IterflowValueError(f"cache(lifecycle={lifecycle!r}): use 'round' or 'iteration'")
+        if persist_owned(df):
+            self._owned[lifecycle].append(df)
+        return df
+
+    def release(self, lifecycle: Lifecycle) -> None:
+        for df in self._owned[lifecycle]:
+            df.unpersist(blocking=False)
+        self._owned[lifecycle] = []
+
+
+class SparkRoundScope:
+    """Backs ``RoundContext.observe`` and ``RoundContext.cache`` for one epoch."""
+
+    def __init__(self, epoch: int, caches: CacheRegistry) -> None:
+        self.epoch = epoch
+        self._caches = caches
+        self._observations: dict[str, Observation] = {}
+
+    def observe(self, name: str, df: DataFrame) -> DataFrame:
+        if not isinstance(name, str) or not name:
+            raise IterflowTypeError(f"observe() takes a non-empty str name, got {name!r}")
+        if not isinstance(df, DataFrame):
+            raise IterflowTypeError(f"observe('{name}', ...) takes a DataFrame")
+        if name in self._observations:
+            raise IterflowValueError(
+                f"epoch {self.epoch}: observe('{name}') was called twice in one round; "
+                "give each observed step its own name"
+            )
+        observation = unique_observation("observe")
+        self._observations[name] = observation
+        return observe_rows(df, observation)
+
+    def cache(self, df: DataFrame, lifecycle: Lifecycle) -> DataFrame:
+        if not isinstance(df, DataFrame):
+            raise IterflowTypeError(f"cache() takes a DataFrame, got {type(df).__name__}")
+        return self._caches.cache(df, lifecycle)
+
+    def observed(self) -> dict[str, int | None]:
+        return {name: observed_rows(obs) for name, obs in self._observations.items()}

@@ -1,0 +1,188 @@
+"""Termination conditions and the decision taken after every round.
+
+Pure Python: conditions may hold DataFrames (``empty(df)``, ``converged(df, tol)``)
+but this module never touches Spark. The round loop evaluates those DataFrames
+and hands the facts to :func:`decide`.
+
+Example::
+
+    stop = itf.max_rounds(100) | itf.converged(delta, tol=1e-6)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from iterflow.errors import DivergenceError, IterflowTypeError, IterflowValueError
+from iterflow.progress.round import RoundProgress
+
+#: Termination reasons, in the order that picks ``Termination.reason``.
+REASONS: tuple[str, ...] = (
+    "criteria_empty",
+    "converged",
+    "predicate",
+    "feedback_empty",
+    "max_rounds",
+)
+
+
+class Condition:
+    """A termination condition; combine conditions with ``|`` (stop when any holds)."""
+
+    def __or__(self, other: Condition) -> AnyOf:
+        if not isinstance(other, Condition):
+            return NotImplemented
+        return AnyOf((*self.leaves(), *other.leaves()))
+
+    def leaves(self) -> tuple[Condition, ...]:
+        return (self,)
+
+
+@attrs.frozen(eq=False)
+class AnyOf(Condition):
+    """Several conditions; the iteration stops when any of them holds."""
+
+    conditions: tuple[Condition, ...]
+
+    def leaves(self) -> tuple[Condition, ...]:
+        return self.conditions
+
+
+@attrs.frozen(eq=False)
+class MaxRounds(Condition):
+    n: int
+
+
+@attrs.frozen(eq=False)
+class Empty(Condition):
+    criteria: Any  # a DataFrame of the round
+
+
+@attrs.frozen(eq=False)
+class Converged(Condition):
+    value: Any  # a one-row, one-column numeric DataFrame, or a callable (RoundEnd) -> float
+    tol: float
+
+
+@attrs.frozen(eq=False)
+class Until(Condition):
+    predicate: Callable[[RoundProgress], bool]
+
+
+def max_rounds(n: int) -> MaxRounds:
+    """Stop after exactly ``n`` rounds (epochs 0..n-1)."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise IterflowTypeError(f"max_rounds takes an int, got {type(n).__name__} {n!r}")
+    if n < 1:
+        raise IterflowValueError(
+            f"max_rounds({n}): an iteration runs at least one round; pass n >= 1"
+        )
+    return MaxRounds(n)
+
+
+def empty(criteria: Any) -> Empty:
+    """Stop after a round in which the criteria DataFrame ``criteria`` has no rows."""
+    _require_dataframe(criteria, "empty()")
+    return Empty(criteria)
+
+
+def converged(value: Any, tol: float) -> Converged:
+    """Stop once ``value <= tol``.
+
+    ``value`` is a one-row, one-column numeric DataFrame built in the body, or a
+    callable ``(RoundEnd) -> float``. NaN or infinity raises ``DivergenceError``.
+    """
+    if not callable(value):
+        _require_dataframe(value, "converged()")
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not math.isfinite(tol):
+        raise IterflowValueError(f"converged(): tol must be a finite number, got {tol!r}")
+    return Converged(value, float(tol))
+
+
+def until(predicate: Callable[[RoundProgress], bool]) -> Until:
+    """Stop after a round for which ``predicate(RoundProgress)`` is true."""
+    if not callable(predicate):
+        raise IterflowTypeError(
+            f"until() takes a callable (RoundProgress) -> bool, got {type(predicate).__name__}"
+        )
+    return Until(predicate)
+
+
+def _require_dataframe(obj: Any, where: str) -> None:
+    # Duck-typed so that this module stays free of Spark: classic and Connect
+    # DataFrames both have these.
+    if not (hasattr(obj, "schema") and hasattr(obj, "sparkSession")):
+        raise IterflowTypeError(f"{where} takes a DataFrame of the round, got {type(obj).__name__}")
+
+
+@attrs.frozen
+class Termination:
+    """Why the iteration stopped: ``reason`` is the first of ``reasons`` in REASONS order."""
+
+    reason: str
+    epoch: int
+    reasons: tuple[str, ...]
+
+
+def flatten(conditions: Sequence[Condition | None]) -> Iterator[Condition]:
+    """Every leaf condition of ``conditions`` (None entries skipped)."""
+    for condition in conditions:
+        if condition is not None:
+            yield from condition.leaves()
+
+
+def check_converged_value(value: Any, epoch: int) -> float:
+    """Validate a convergence value: a number, not null, finite."""
+    if value is None:
+        raise IterflowValueError(
+            f"epoch {epoch}: the convergence value is null or empty; build it as a one-row "
+            "aggregate that is never null (e.g. F.coalesce(F.sum(...), F.lit(0.0)))"
+        )
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise IterflowTypeError(
+            f"epoch {epoch}: the convergence value {value!r} is not a number"
+        ) from None
+    if not math.isfinite(number):
+        raise DivergenceError(
+            f"epoch {epoch}: the convergence value is {number}; the iteration diverged "
+            "(lower the step size or check the body for a division by zero)",
+            epoch=epoch,
+        )
+    return number
+
+
+def decide(
+    conditions: Sequence[Condition],
+    progress: RoundProgress,
+    *,
+    criteria_empty: Mapping[Condition, bool],
+    converged_values: Mapping[Condition, float],
+    feedback_empty: bool,
+) -> Termination | None:
+    """The termination after ``progress.epoch``, or None to run another round.
+
+    ``criteria_empty`` and ``converged_values`` hold, per ``Empty`` and
+    ``Converged`` leaf, what the round loop evaluated.
+    """
+    fired: set[str] = set()
+    for condition in conditions:
+        if isinstance(condition, Empty) and criteria_empty[condition]:
+            fired.add("criteria_empty")
+        elif isinstance(condition, Converged) and converged_values[condition] <= condition.tol:
+            fired.add("converged")
+        elif isinstance(condition, Until) and condition.predicate(progress):
+            fired.add("predicate")
+        elif isinstance(condition, MaxRounds) and progress.epoch + 1 >= condition.n:
+            fired.add("max_rounds")
+    if feedback_empty:
+        fired.add("feedback_empty")
+    if not fired:
+        return None
+    reasons = tuple(r for r in REASONS if r in fired)
+    return Termination(reason=reasons[0], epoch=progress.epoch, reasons=reasons)
