@@ -178,7 +178,7 @@ class FunctionBody(IterationBody):
 
     @property
     def name(self) -> str:
-        return str(getattr(self._fn, "__qualname__", getattr(self._fn, "__name__", "body")))
+        return str(getattr(self._fn, "__name__", "body"))
 
     def __call__(self, inputs: Mapping[str, DataFrame], ctx: RoundContext) -> Declaration:
         if self._takes_ctx:

@@ -68,7 +68,7 @@ def test_feedback_while_round_below_four_runs_exactly_five_rounds(
     data: DataFrame, counter: DataFrame
 ) -> None:
     recorder = Recorder()
-    with pytest.warns(itf.IterflowWarning, match="stops only when its feedback is empty"):
+    with pytest.warns(itf.IterflowWarning, match=r"stops only when its feedback is empty"):
         result = (
             itf.BoundedIteration(count_to_four)
             .bind("counter", counter)
@@ -257,9 +257,9 @@ def test_each_declared_dataframe_is_evaluated_once_per_round(
         )
         return itf.Declaration(feedback={"counter": following}, outputs={"counter": following})
 
-    itf.BoundedIteration(shared).bind("counter", counter).bind(
-        "points", source, replay=True
-    ).until(itf.max_rounds(2)).run()
+    itf.BoundedIteration(shared).bind("counter", counter).bind("points", source, replay=True).until(
+        itf.max_rounds(2)
+    ).run()
     assert evaluated.value == 200  # feedback == output: one evaluation per round
 
 
@@ -370,6 +370,6 @@ def test_nan_convergence_value_raises_divergence_naming_the_epoch(spark: SparkSe
         return itf.Declaration(feedback={"x": following}, until=itf.converged(delta, tol=-1.0))
 
     start = spark.createDataFrame([(1.0,)], "v double")
-    with pytest.raises(itf.DivergenceError, match="epoch 1") as info:
+    with pytest.raises(itf.DivergenceError, match=r"epoch 1") as info:
         itf.BoundedIteration(blow_up).bind("x", start).until(itf.max_rounds(5)).run()
     assert info.value.epoch == 1

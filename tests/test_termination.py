@@ -45,7 +45,7 @@ def test_max_rounds_below_one_is_a_value_error(n: int) -> None:
 
 
 def test_max_rounds_rejects_non_integers() -> None:
-    with pytest.raises(TypeError, match="int"):
+    with pytest.raises(TypeError, match=r"int"):
         itf.max_rounds(2.5)  # type: ignore[arg-type]
 
 
@@ -105,7 +105,7 @@ def test_predicate_receives_the_round_progress() -> None:
 def test_non_finite_convergence_value_raises_divergence_naming_the_epoch(bad: float) -> None:
     from iterflow.termination import check_converged_value
 
-    with pytest.raises(itf.DivergenceError, match="epoch 6") as info:
+    with pytest.raises(itf.DivergenceError, match=r"epoch 6") as info:
         check_converged_value(bad, 6)
     assert info.value.epoch == 6
 
@@ -113,15 +113,15 @@ def test_non_finite_convergence_value_raises_divergence_naming_the_epoch(bad: fl
 def test_null_convergence_value_is_an_iterflow_error() -> None:
     from iterflow.termination import check_converged_value
 
-    with pytest.raises(itf.IterflowError, match="epoch 2.*null or empty"):
+    with pytest.raises(itf.IterflowError, match=r"epoch 2.*null or empty"):
         check_converged_value(None, 2)
 
 
 def test_condition_arguments_are_checked() -> None:
-    with pytest.raises(TypeError, match="DataFrame"):
+    with pytest.raises(TypeError, match=r"DataFrame"):
         itf.empty([1, 2])
-    with pytest.raises(ValueError, match="tol must be a finite number"):
+    with pytest.raises(ValueError, match=r"tol must be a finite number"):
         itf.converged(lambda e: 0.0, tol=math.nan)
-    with pytest.raises(TypeError, match="callable"):
+    with pytest.raises(TypeError, match=r"callable"):
         itf.until(3)  # type: ignore[arg-type]
     assert isinstance(itf.empty(FakeFrame()), Empty)

@@ -89,7 +89,7 @@ class RoundLoop:
         self.caches = CacheRegistry()
         self.history: list[RoundProgress] = []
         self.variable_names: tuple[str, ...] | None = None
-        # Checkpoints made by the previous round (its feedback and outputs).
+        # Live checkpoints: the previous round's, then the current round's.
         self.held: list[DataFrame] = []
         # Inputs iterflow persisted at the start (data inputs and round-0 variables).
         self.owned_inputs: dict[str, DataFrame] = {}
@@ -151,6 +151,8 @@ class RoundLoop:
             )
         except Exception as exc:
             _fail(epoch, "materialization", exc)
+        produced = list({id(df): df for df in done.frames.values()}.values())
+        self.held.extend(produced)  # released with the rest if this round fails
         next_vars = {
             name: self._aligned(name, done.frames[id(df)]) for name, df in feedback.items()
         }
@@ -204,13 +206,13 @@ class RoundLoop:
 
         # Round k is complete: release what round k-1 held and this round's caches.
         self.caches.release("round")
-        for df in self.held:
+        finished, self.held = self.held[: len(self.held) - len(produced)], produced
+        for df in finished:
             release(df)
         if epoch == 0:
             for name in self.variable_names or ():
                 if name in self.owned_inputs:
                     self.owned_inputs.pop(name).unpersist(blocking=False)
-        self.held = list({id(df): df for df in done.frames.values()}.values())
         return {**self._data_inputs(), **next_vars}, materialized_outputs, termination
 
     # -- helpers ---------------------------------------------------------------
