@@ -1,0 +1,44 @@
+"""The dependency direction of DESIGN.md: leaves never import Spark or the loops."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "iterflow"
+LEAVES = [
+    PACKAGE / "termination.py",
+    PACKAGE / "errors.py",
+    *sorted((PACKAGE / "progress").glob("*.py")),
+]
+FORBIDDEN = ("pyspark", "py4j", "iterflow.runtime", "iterflow.bounded", "iterflow.body")
+
+
+def imported_modules(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("leaf", LEAVES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_leaf_modules_do_not_import_spark_or_the_loops(leaf: Path) -> None:
+    offending = {
+        name for name in imported_modules(leaf) for bad in FORBIDDEN if name.startswith(bad)
+    }
+    assert offending == set()
+
+
+def test_demo_uses_only_the_public_api() -> None:
+    for path in (PACKAGE / "demo").glob("*.py"):
+        internal = {
+            name
+            for name in imported_modules(path)
+            if name.startswith("iterflow.") and not name.startswith("iterflow.demo")
+        }
+        assert internal == set(), path.name
