@@ -36,6 +36,12 @@ def no_spark_job(spark: SparkSession) -> Iterator[None]:
     assert list(spark.sparkContext.statusTracker().getJobIdsForGroup(group)) == []
 
 
+def persisted(spark: SparkSession) -> dict[int, str]:
+    """Persisted RDDs of the session: id -> description."""
+    rdds = spark.sparkContext._jsc.getPersistentRDDs()
+    return {int(k): str(rdds.get(k)) for k in rdds.keySet().toArray()}
+
+
 @itf.body
 def step(ranks: DataFrame, edges: DataFrame) -> itf.Declaration:
     return itf.Declaration(feedback={"ranks": ranks})
@@ -255,7 +261,7 @@ def test_body_with_star_args_is_rejected() -> None:
 def test_failed_run_releases_what_it_persisted(
     spark: SparkSession, ranks: DataFrame, edges: DataFrame
 ) -> None:
-    before = spark.sparkContext._jsc.getPersistentRDDs().size()
+    before = persisted(spark)
 
     def boom(ctx: itf.RoundEnd) -> None:
         if ctx.epoch == 2:
@@ -265,5 +271,6 @@ def test_failed_run_releases_what_it_persisted(
         itf.BoundedIteration(step).bind("ranks", ranks).bind("edges", edges).until(
             itf.max_rounds(5)
         ).listen(boom).run()
-    assert spark.sparkContext._jsc.getPersistentRDDs().size() == before
+    leaked = {k: v for k, v in persisted(spark).items() if k not in before}
+    assert leaked == {}
     assert edges.storageLevel.useMemory is False
