@@ -16,6 +16,11 @@ def plan_nodes(df: DataFrame) -> int:
     return len(df._jdf.queryExecution().analyzed().treeString().splitlines())
 
 
+def estimated_bytes(df: DataFrame) -> int:
+    """The optimizer's size estimate of ``df``'s plan (what join planning sees)."""
+    return int(df._jdf.logicalPlan().stats().sizeInBytes())
+
+
 def persisted_rdds(spark: SparkSession) -> int:
     return int(spark.sparkContext._jsc.getPersistentRDDs().size())
 
@@ -26,6 +31,11 @@ def test_plan_size_and_persisted_rdds_stay_flat_over_sixty_rounds(spark: SparkSe
     baseline = persisted_rdds(spark)
     nodes: list[int] = []
     persisted: list[int] = []
+    estimates: list[int] = []
+
+    def watch(ctx: itf.RoundEnd) -> None:
+        persisted.append(persisted_rdds(spark))
+        estimates.append(estimated_bytes(ctx.variables["values"]))
 
     @itf.body
     def smooth(values: DataFrame, weights: DataFrame) -> itf.Declaration:
@@ -40,7 +50,7 @@ def test_plan_size_and_persisted_rdds_stay_flat_over_sixty_rounds(spark: SparkSe
         .bind("values", values)
         .bind("weights", weights)
         .until(itf.max_rounds(60))
-        .listen(lambda ctx: persisted.append(persisted_rdds(spark)))
+        .listen(watch)
         .run()
     )
     assert result.rounds == 60
@@ -48,6 +58,8 @@ def test_plan_size_and_persisted_rdds_stay_flat_over_sixty_rounds(spark: SparkSe
     assert nodes[5:] == [nodes[5]] * 55  # identical shape every round
     assert persisted[59] == persisted[4]
     assert max(persisted[4:]) == persisted[4]
+    # Statistics do not compound either: 200 rows of (id long, v double) plus row overhead.
+    assert estimates == [200 * (8 + 8 + 8)] * 60
     # v converges to 2w (v = v/2 + w); after 60 halvings it is exact in doubles.
     got = {r["id"]: r["v"] for r in result.outputs["values"].collect()}
     assert got == {i: pytest.approx(2.0 * (i % 7), abs=1e-12) for i in range(200)}

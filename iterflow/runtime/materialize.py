@@ -2,7 +2,8 @@
 
 Per round, every distinct feedback/output DataFrame is checkpointed locally
 (``localCheckpoint(eager=True)``) with a row-count observation riding on the
-same job, so plans never grow and no extra count job runs. When the round has
+same job, so plans never grow and no extra count job runs. The checkpoint's
+optimizer statistics are set from the counted rows, so they do not grow either. When the round has
 more than one thing to evaluate (several DataFrames, criteria, a convergence
 value), the DataFrames are persisted first: Spark's cache manager then serves
 the later evaluations from memory instead of recomputing the round, and the
@@ -21,7 +22,11 @@ from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
 from iterflow.errors import IterflowValueError
-from iterflow.runtime.jvm import observation_ready, release_local_checkpoint
+from iterflow.runtime.jvm import (
+    observation_ready,
+    release_local_checkpoint,
+    set_checkpoint_statistics,
+)
 
 _names = itertools.count()
 
@@ -93,6 +98,7 @@ def materialize(
             observation = unique_observation("rows")
             frames[id(df)] = observe_rows(df, observation).localCheckpoint(eager=True)
             rows[id(df)] = int(observation.get["rows"])
+            set_checkpoint_statistics(frames[id(df)], rows[id(df)])
         empty = {id(df): (rows[id(df)] == 0 if id(df) in rows else df.isEmpty()) for df in criteria}
         read = {id(df): _one_cell(df, epoch) for df in values}
     finally:
