@@ -373,3 +373,17 @@ def test_nan_convergence_value_raises_divergence_naming_the_epoch(spark: SparkSe
     with pytest.raises(itf.DivergenceError, match=r"epoch 1") as info:
         itf.BoundedIteration(blow_up).bind("x", start).until(itf.max_rounds(5)).run()
     assert info.value.epoch == 1
+
+
+def test_rows_bound_without_a_dataframe_use_the_inputs_session(
+    spark: SparkSession, data: DataFrame
+) -> None:
+    result = (
+        itf.BoundedIteration(count_to_four)
+        .bind("counter", [{"round": 2}])
+        .bind("data", data)
+        .until(itf.max_rounds(10))
+        .run()
+    )
+    assert result.rounds == 3  # rounds 2, 3, 4 of the counter
+    assert itf.session() is spark  # the active session, not a new embedded one

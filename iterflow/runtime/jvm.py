@@ -47,13 +47,8 @@ def set_checkpoint_statistics(df: DataFrame, rows: int) -> bool:
     plan = jdf.logicalPlan()
     try:
         session: Any = df.sparkSession
-        # py4j turns every scala.math.BigInt it receives into a Python int, so
-        # the Statistics are made on the JVM side: a Range of n longs has
-        # sizeInBytes 8n and rowCount n.
         size = max(rows, 1) * (8 + int(plan.schema().defaultSize()))
-        stats = _range_statistics(session, -(-size // 8))
-        _set_field(stats, "rowCount", _range_statistics(session, rows).rowCount())
-        _set_field(plan, "originStats", session._jvm.scala.Some(stats))
+        _set_field(plan, "originStats", _statistics(session, size, rows))
         plan.invalidateStatsCache()
         return True
     except Exception as exc:  # a Spark build whose LogicalRDD differs
@@ -65,6 +60,27 @@ def set_checkpoint_statistics(df: DataFrame, rows: int) -> bool:
 
 
 _statistics_warned = False
+
+
+# (session id, bytes, rows) -> Some(Statistics): rounds of one iteration usually
+# repeat their row counts, and building Statistics costs two plan analyses.
+_statistics_made: dict[tuple[int, int, int], Any] = {}
+
+
+def _statistics(session: Any, size: int, rows: int) -> Any:
+    """``Some(Statistics(sizeInBytes=size, rowCount=Some(rows)))`` made on the JVM side."""
+    key = (id(session), size, rows)
+    made = _statistics_made.get(key)
+    if made is None:
+        # py4j turns every scala.math.BigInt it receives into a Python int, so
+        # the values are made by Spark itself: a Range of n longs has
+        # sizeInBytes 8n and rowCount n.
+        stats = _range_statistics(session, -(-size // 8))
+        _set_field(stats, "rowCount", _range_statistics(session, rows).rowCount())
+        if len(_statistics_made) >= 64:
+            _statistics_made.clear()
+        made = _statistics_made[key] = session._jvm.scala.Some(stats)
+    return made
 
 
 def _range_statistics(session: Any, n: int) -> Any:
