@@ -29,8 +29,8 @@ case "$command" in
     exec "$venv/bin/iterflow" demo "$@"
     ;;
   test)
-    "$venv/bin/ruff" check iterflow tests benchmarks examples
-    "$venv/bin/ruff" format --check iterflow tests benchmarks examples
+    "$venv/bin/ruff" check .
+    "$venv/bin/ruff" format --check .
     "$venv/bin/mypy"
     status=0
     "$venv/bin/python" -m pytest "$@" || status=$?
