@@ -56,6 +56,7 @@ def run_pagerank_demo(args: argparse.Namespace) -> int:
     from iterflow.runtime.session import embedded_session
 
     spark = embedded_session(args.master) if args.master else itf.session()
+    spark.sparkContext.setLogLevel("ERROR")  # keep the demo's own lines readable
     edges_wanted = args.edges or 10 * args.vertices
     print(
         f"iterflow demo pagerank: {args.vertices} vertices, ~{edges_wanted} edges, "
