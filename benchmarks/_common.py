@@ -1,0 +1,265 @@
+"""Shared setup of the benchmarks: session, settings, timing, job counting, output.
+
+Every benchmark script starts one embedded ``local[2]`` session (UI off, 4 shuffle
+partitions), runs its measurements sequentially in that one JVM, prints a small
+table and writes ``benchmarks/results/NAME.json`` (``NAME.quick.json`` with
+``--quick``) holding the numbers and the settings they were measured with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pyspark.sql import DataFrame, SparkSession
+
+import iterflow as itf
+from iterflow.demo.pagerank import initial_ranks, random_graph
+from iterflow.runtime.session import embedded_session
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MASTER = "local[2]"
+SESSION_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"}
+
+
+def parse_args(description: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smaller sizes and fewer rounds (a smoke test, under a minute)",
+    )
+    return parser.parse_args()
+
+
+def start_session() -> SparkSession:
+    """The benchmark session: ``local[2]``, UI off, 4 shuffle partitions, quiet logs."""
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    spark = embedded_session(MASTER, app_name="iterflow-bench", conf=SESSION_CONF)
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def settings(spark: SparkSession, quick: bool, **workload: Any) -> dict[str, Any]:
+    """What a result was measured with: versions, Spark settings, machine, workload."""
+    conf = spark.conf
+    return {
+        "spark_version": spark.version,
+        "master": spark.sparkContext.master,
+        "shuffle_partitions": int(conf.get("spark.sql.shuffle.partitions")),
+        "aqe_enabled": conf.get("spark.sql.adaptive.enabled") == "true",
+        "aqe_coalesce_partitions": conf.get("spark.sql.adaptive.coalescePartitions.enabled")
+        == "true",
+        "driver_memory": conf.get("spark.driver.memory", None),
+        "ui_enabled": conf.get("spark.ui.enabled", None),
+        "python": platform.python_version(),
+        "iterflow_version": itf.__version__,
+        "iterflow_commit": COMMIT,
+        "cpu_count": os.cpu_count(),
+        "quick": quick,
+        **workload,
+    }
+
+
+def _git_head() -> str | None:
+    """The commit measured, with "+dirty" when iterflow/ has uncommitted changes."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=RESULTS.parent, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--", "../iterflow")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+# Read when the benchmark starts, i.e. the code it imported (the tree may change meanwhile).
+COMMIT = _git_head()
+
+
+def write_result(name: str, quick: bool, config: dict[str, Any], results: dict[str, Any]) -> Path:
+    """Write ``{"benchmark", "measured_at", "load_average", "settings", "results"}`` as JSON."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}{'.quick' if quick else ''}.json"
+    payload = {
+        "benchmark": name,
+        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        # Other work may share the 2 cores; the load average tells a reader if it did.
+        "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
+        "settings": config,
+        "results": results,
+    }
+    path.write_text(json.dumps(payload, indent=2, default=_json_default) + "\n")
+    print(f"\nwrote {path}")
+    return path
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def print_table(title: str, rows: Sequence[tuple[str, Any]]) -> None:
+    """Print ``rows`` of (label, value) under ``title``, floats with 4 significant digits."""
+    width = max(len(label) for label, _ in rows)
+    print(f"\n{title}")
+    print("-" * (width + 16))
+    for label, value in rows:
+        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        print(f"{label:<{width}}  {shown}")
+
+
+# -- timing ---------------------------------------------------------------------------
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def slope(values: Sequence[float], first_round: int = 0) -> float:
+    """Least-squares slope of ``values`` against their round index (seconds per round per round)."""
+    rounds = np.arange(first_round, first_round + len(values))
+    return float(np.polyfit(rounds, np.asarray(values, dtype=float), 1)[0])
+
+
+def round_times(stamps: Sequence[float], start: float) -> list[float]:
+    """Per-round wall times from the clock readings at the end of every round."""
+    return list(np.diff([start, *stamps]))
+
+
+class RoundClock:
+    """An iterflow listener reading the clock at every round end (full round cycle)."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.stamps: list[float] = []
+
+    def __call__(self, _ctx: itf.RoundEnd) -> None:
+        self.stamps.append(time.perf_counter())
+
+    @property
+    def round_times(self) -> list[float]:
+        return round_times(self.stamps, self.start)
+
+
+def settle(spark: SparkSession) -> None:
+    """Between measured runs: drop dead Python references and let the JVM collect garbage.
+
+    Not timed. Blocks a hand-written loop left to the garbage collector (and
+    py4j proxies of finished runs) would otherwise be freed during the next run.
+    """
+    gc.collect()
+    spark.sparkContext._jvm.System.gc()
+    time.sleep(0.2)
+
+
+# -- Spark job counting -----------------------------------------------------------------
+
+
+class JobCount:
+    """The number of Spark jobs a ``with count_jobs(...)`` block ran."""
+
+    jobs: int = 0
+
+
+@contextmanager
+def count_jobs(spark: SparkSession, group: str) -> Iterator[JobCount]:
+    """Count the Spark jobs run inside the block (needs only this thread to submit jobs).
+
+    Runs a marker job in its own group before the block (not inside the
+    measurement), puts the block's jobs in job group ``group``, and counts
+    ``max(job id in group) - marker job id``: job ids are sequential, so this
+    stays exact even when the status store has dropped old jobs (it keeps ~1000).
+    """
+    sc = spark.sparkContext
+    tracker = sc.statusTracker()
+    sc.setJobGroup(f"{group}-marker", "benchmark job counter marker")
+    sc.parallelize([0], 1).count()
+    marker = _wait_for_jobs(lambda: tracker.getJobIdsForGroup(f"{group}-marker"))
+    sc.setJobGroup(group, "benchmark measurement")
+    counted = JobCount()
+    try:
+        yield counted
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+        sc.setLocalProperty("spark.job.description", None)
+    ids = _wait_for_jobs(lambda: tracker.getJobIdsForGroup(group))
+    counted.jobs = max(ids) - max(marker) if ids else 0
+
+
+def _wait_for_jobs(read: Callable[[], list[int]]) -> list[int]:
+    """Job ids of a group once the (asynchronous) status store has stopped changing."""
+    previous = sorted(read())
+    for _ in range(50):
+        time.sleep(0.1)
+        current = sorted(read())
+        if current == previous:
+            return current
+        previous = current
+    return previous
+
+
+# -- the PageRank workload ---------------------------------------------------------------
+
+
+def pagerank_inputs(
+    spark: SparkSession, vertices: int, edges: int
+) -> tuple[int, int, DataFrame, DataFrame]:
+    """``(n, edge_count, ranks0, edges)`` of ``random_graph(..., seed=1)``, cached.
+
+    Both inputs are cached and counted once here, so iterflow (which does not
+    re-persist a cached input) and the hand-written loops start from the same
+    in-memory data and the graph generation is not part of any measurement.
+    """
+    vertex_df, edge_df = random_graph(spark, vertices, edges, seed=1)
+    n = vertex_df.count()
+    edge_df = edge_df.select("src", "dst").cache()
+    edge_count = edge_df.count()
+    ranks0 = initial_ranks(vertex_df, edge_df).cache()
+    ranks0.count()
+    log(f"graph: {n} vertices, {edge_count} edges (self-loops and duplicates dropped)")
+    return n, edge_count, ranks0, edge_df
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+_UNIT_BITS = {"B": 0, "KiB": 10, "MiB": 20, "GiB": 30, "TiB": 40, "PiB": 50, "EiB": 60}
+
+
+def size_estimate_log10(df: DataFrame) -> float:
+    """log10 of the optimizer's ``sizeInBytes`` estimate for ``df`` (a BigInt of any size).
+
+    Read from ``Statistics.simpleString`` ("sizeInBytes=5.55E+79 B", "sizeInBytes=2.3 PiB"),
+    which stays cheap while the number has up to some 10^5 digits.
+    """
+    text = df._jdf.queryExecution().optimizedPlan().stats().simpleString()
+    found = re.search(r"sizeInBytes=(\S+) (\w+)", text)
+    if found is None:
+        raise ValueError(f"unexpected statistics: {text[:80]}")
+    mantissa, _, exponent = found.group(1).partition("E")
+    return (
+        math.log10(float(mantissa))
+        + int(exponent or 0)
+        + _UNIT_BITS[found.group(2)] * math.log10(2)
+    )
