@@ -13,6 +13,12 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 
 log = logging.getLogger(__name__)
 
+# Whether the warning that checkpoint statistics cannot be set was logged.
+_statistics_warned = False
+# (session id, bytes, rows) -> Some(Statistics): rounds of one iteration usually
+# repeat their row counts, and building Statistics costs two plan analyses.
+_statistics_made: dict[tuple[int, int, int], Any] = {}
+
 
 def release_local_checkpoint(df: DataFrame) -> None:
     """Drop the blocks of a DataFrame made by ``localCheckpoint``.
@@ -57,14 +63,6 @@ def set_checkpoint_statistics(df: DataFrame, rows: int) -> bool:
             _statistics_warned = True
             log.warning("iterflow: cannot set checkpoint statistics on this Spark build: %s", exc)
         return False
-
-
-_statistics_warned = False
-
-
-# (session id, bytes, rows) -> Some(Statistics): rounds of one iteration usually
-# repeat their row counts, and building Statistics costs two plan analyses.
-_statistics_made: dict[tuple[int, int, int], Any] = {}
 
 
 def _statistics(session: Any, size: int, rows: int) -> Any:

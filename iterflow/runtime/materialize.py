@@ -3,11 +3,12 @@
 Per round, every distinct feedback/output DataFrame is checkpointed locally
 (``localCheckpoint(eager=True)``) with a row-count observation riding on the
 same job, so plans never grow and no extra count job runs. The checkpoint's
-optimizer statistics are set from the counted rows, so they do not grow either. When the round has
-more than one thing to evaluate (several DataFrames, criteria, a convergence
-value), the DataFrames are persisted first: Spark's cache manager then serves
-the later evaluations from memory instead of recomputing the round, and the
-caches are dropped once the round's checkpoints exist.
+optimizer statistics are set from the counted rows, so they do not grow
+either. When the round has more than one thing to evaluate (several
+DataFrames, criteria, a convergence value), the DataFrames are persisted
+first: Spark's cache manager then serves the later evaluations from memory
+instead of recomputing the round, and the caches are dropped once the round's
+checkpoints exist.
 """
 
 from __future__ import annotations
