@@ -1,0 +1,99 @@
+"""What metrics report: per-round values, run totals and the snapshots sinks receive.
+
+Pure Python, like the rest of ``iterflow.metrics`` but its Spark bridge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, Literal
+
+import attrs
+
+Kind = Literal["counter", "distribution", "gauge"]
+KINDS: tuple[Kind, ...] = ("counter", "distribution", "gauge")
+
+
+@attrs.frozen(kw_only=True)
+class DistributionValue:
+    """Summary of the values a distribution received: ``count``, ``sum``, ``min``, ``max``, ``mean``.
+
+    ``min``, ``max`` and ``mean`` are None while ``count`` is 0.
+    """
+
+    count: int = 0
+    sum: float = 0.0
+    min: float | None = None
+    max: float | None = None
+
+    @property
+    def mean(self) -> float | None:
+        return self.sum / self.count if self.count else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "sum": self.sum,
+            "min": self.min,
+            "max": self.max,
+            "mean": self.mean,
+        }
+
+
+#: The value of one metric: a counter's int, a distribution's summary, a gauge's
+#: latest value (None before the first ``set``).
+Value = int | float | DistributionValue | None
+
+
+@attrs.frozen(kw_only=True)
+class MetricResult:
+    """Totals of one metric over a run.
+
+    ``committed`` counts the updates of rounds that completed; ``attempted`` adds
+    the updates of rounds that failed or were rolled back. Spark drops the
+    updates of failed task attempts, so a task retry changes neither.
+    """
+
+    kind: Kind
+    committed: Value
+    attempted: Value
+
+
+def value_to_json(value: Value) -> Any:
+    """``value`` as JSON-ready data: distributions become objects, the rest stays."""
+    return value.to_dict() if isinstance(value, DistributionValue) else value
+
+
+@attrs.frozen(kw_only=True)
+class MetricsSnapshot:
+    """The metrics of a run at one moment, as pushed to sinks.
+
+    ``epoch`` is the last completed round (None before round 0 completes);
+    ``final`` is True for the push made when the run ends.
+    """
+
+    iteration: str
+    run_id: str
+    time: datetime
+    epoch: int | None
+    final: bool
+    metrics: Mapping[str, MetricResult]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form, the body of ``HttpJsonSink`` posts and ``JsonLinesSink`` lines."""
+        return {
+            "time": self.time.isoformat(),
+            "iteration": self.iteration,
+            "run_id": self.run_id,
+            "epoch": self.epoch,
+            "final": self.final,
+            "metrics": {
+                name: {
+                    "kind": result.kind,
+                    "committed": value_to_json(result.committed),
+                    "attempted": value_to_json(result.attempted),
+                }
+                for name, result in sorted(self.metrics.items())
+            },
+        }
