@@ -14,6 +14,7 @@ termination conditions::
     result = itf.BoundedIteration(step).bind("x", df).until(itf.max_rounds(10)).run()
 """
 
+from iterflow import metrics
 from iterflow.body import Declaration, IterationBody, RoundContext, body
 from iterflow.bounded import BoundedIteration, IterationResult
 from iterflow.errors import DivergenceError, IterflowError, IterflowWarning, RoundError
@@ -44,6 +45,7 @@ __all__ = [
     "converged",
     "empty",
     "max_rounds",
+    "metrics",
     "session",
     "until",
 ]

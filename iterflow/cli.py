@@ -1,4 +1,4 @@
-"""The ``iterflow`` command: ``iterflow demo pagerank [...]``."""
+"""The ``iterflow`` command: ``demo pagerank``, ``report LOG`` and ``plot LOG``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ import time
 from collections.abc import Sequence
 
 import iterflow as itf
+from iterflow.progress.events import read_events
+from iterflow.progress.plot import plot_events
+from iterflow.progress.report import format_report
 
 
 def _positive(value: str) -> int:
@@ -46,6 +49,45 @@ def build_parser() -> argparse.ArgumentParser:
         "--master", default=None, help="Spark master URL (default: active session or local[*])"
     )
     pagerank.set_defaults(run=run_pagerank_demo)
+
+    report = commands.add_parser(
+        "report",
+        help="print a table of the rounds of a run from its event log",
+        description="Print one line per round (time, row counts, convergence value, estimates, "
+        "user metrics) and a summary of one run recorded in an event log.",
+    )
+    report.add_argument("log", metavar="LOG", help="event log file (JSON lines)")
+    report.add_argument(
+        "--run", dest="run_id", default=None, help="run id (default: the last run in the file)"
+    )
+    report.set_defaults(run=run_report)
+
+    plot = commands.add_parser(
+        "plot",
+        help="draw a per-round curve of a run from its event log",
+        description="Draw one value per round of one run recorded in an event log, by default "
+        "the convergence value, and save it as an image.",
+    )
+    plot.add_argument("log", metavar="LOG", help="event log file (JSON lines)")
+    plot.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        required=True,
+        help="image file to write (.png, .svg, .pdf)",
+    )
+    plot.add_argument(
+        "--metric",
+        metavar="NAME",
+        default=None,
+        help="what to plot: converged_value (default), duration_s, eta_s, "
+        "rounds_remaining_estimate, rows.NAME, observed.NAME or a user metric's name",
+    )
+    plot.add_argument("--log-y", action="store_true", help="logarithmic y axis")
+    plot.add_argument(
+        "--run", dest="run_id", default=None, help="run id (default: the last run in the file)"
+    )
+    plot.set_defaults(run=run_plot)
     return parser
 
 
@@ -93,9 +135,31 @@ def run_pagerank_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_report(args: argparse.Namespace) -> int:
+    print(format_report(read_events(args.log, args.run_id)), end="")
+    return 0
+
+
+def run_plot(args: argparse.Namespace) -> int:
+    figure = plot_events(read_events(args.log, args.run_id), metric=args.metric, log_y=args.log_y)
+    try:
+        figure.savefig(args.output, dpi=120)
+    except OSError as error:
+        raise itf.IterflowError(
+            f"cannot write '{args.output}': {error.strerror}; pick a writable path with -o"
+        ) from None
+    print(args.output)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command in ``argv``; an iterflow error prints one line and exits with 2."""
     args = build_parser().parse_args(argv)
-    return int(args.run(args))
+    try:
+        return int(args.run(args))
+    except itf.IterflowError as error:
+        print(f"iterflow {args.command}: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -41,6 +41,10 @@ class Condition:
     def leaves(self) -> tuple[Condition, ...]:
         return (self,)
 
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready description, as the event log records it."""
+        raise NotImplementedError
+
 
 @attrs.frozen(eq=False)
 class AnyOf(Condition):
@@ -51,15 +55,24 @@ class AnyOf(Condition):
     def leaves(self) -> tuple[Condition, ...]:
         return self.conditions
 
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "any_of", "conditions": [c.describe() for c in self.conditions]}
+
 
 @attrs.frozen(eq=False)
 class MaxRounds(Condition):
     n: int
 
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "max_rounds", "n": self.n}
+
 
 @attrs.frozen(eq=False)
 class Empty(Condition):
     criteria: Any  # a DataFrame of the round
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "empty"}
 
 
 @attrs.frozen(eq=False)
@@ -67,10 +80,18 @@ class Converged(Condition):
     value: Any  # a one-row, one-column numeric DataFrame, or a callable (RoundEnd) -> float
     tol: float
 
+    def describe(self) -> dict[str, Any]:
+        value = "callable" if callable(self.value) else "dataframe"
+        return {"kind": "converged", "tol": self.tol, "value": value}
+
 
 @attrs.frozen(eq=False)
 class Until(Condition):
     predicate: Callable[[RoundProgress], bool]
+
+    def describe(self) -> dict[str, Any]:
+        name = getattr(self.predicate, "__qualname__", type(self.predicate).__qualname__)
+        return {"kind": "predicate", "name": name}
 
 
 def max_rounds(n: int) -> MaxRounds:

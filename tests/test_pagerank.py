@@ -39,6 +39,11 @@ def test_pagerank_matches_networkx_on_random_graphs_with_dangling_vertices(
     targets = len({dst for _, dst in edge_list})
     assert {p.observed["contributions"] for p in result.history} == {targets}
     assert all(p.rows["ranks"] == n for p in result.history)
+    # After round 5 the backlog estimate is within 30% of the rounds that remained.
+    remained = result.rounds - 6
+    estimate = result.history[5].rounds_remaining_estimate
+    assert estimate is not None
+    assert abs(estimate - remained) <= 0.3 * remained
     result.release()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -12,7 +13,10 @@ from iterflow.body import IterationBody, body
 from iterflow.bounded.loop import RoundLoop
 from iterflow.bounded.result import IterationResult
 from iterflow.errors import IterflowTypeError, IterflowValueError
+from iterflow.metrics.pusher import validate_interval
+from iterflow.metrics.sinks import MetricsSink
 from iterflow.progress.listeners import ListenerSet
+from iterflow.runtime.observers import ObserverOptions, RunObservers
 from iterflow.runtime.session import session_of
 from iterflow.termination import Condition
 
@@ -48,6 +52,7 @@ class BoundedIteration:
         self._bindings: dict[str, Binding] = {}
         self._conditions: list[Condition] = []
         self._listeners = ListenerSet()
+        self._sinks: list[tuple[MetricsSink, float]] = []
 
     @property
     def body(self) -> IterationBody:
@@ -92,12 +97,39 @@ class BoundedIteration:
         self._listeners.add(listener, per_round=per_round)
         return self
 
-    def run(self, *, spark: SparkSession | None = None) -> IterationResult:
+    def push_metrics(self, sink: MetricsSink, *, every_s: float = 5.0) -> BoundedIteration:
+        """Push the run's metrics to ``sink`` every ``every_s`` seconds, and once at the end.
+
+        The final push completes before ``run()`` returns. A failing sink logs a
+        warning and never fails or stalls the iteration.
+        """
+        if not isinstance(sink, MetricsSink):
+            raise IterflowTypeError(
+                "push_metrics() takes a sink such as itf.metrics.JsonLinesSink(path), "
+                f"got {type(sink).__name__}"
+            )
+        self._sinks.append((sink, validate_interval(sink, every_s)))
+        return self
+
+    def run(
+        self,
+        *,
+        spark: SparkSession | None = None,
+        progress: bool | None = None,
+        event_log: str | os.PathLike[str] | None = None,
+    ) -> IterationResult:
         """Run rounds until a termination condition holds; return the result.
 
         ``spark`` is the session for inputs bound as rows or pandas frames; by
         default the session of the bound DataFrames, else ``itf.session()``.
+        ``progress`` shows a progress bar on stderr (default: when it is a
+        terminal); ``event_log`` appends the run's events to a JSON-lines file
+        (see docs/events.md).
         """
+        if progress is not None and not isinstance(progress, bool):
+            raise IterflowTypeError(
+                f"run(progress=...) takes True, False or None, got {progress!r}"
+            )
         unbound = [name for name in self._input_names if name not in self._bindings]
         if unbound:
             raise IterflowValueError(
@@ -113,12 +145,19 @@ class BoundedIteration:
             for name, b in self._bindings.items()
         }
         replay = {name for name, b in self._bindings.items() if b.replay}
+        options = ObserverOptions(progress=progress, event_log=event_log, sinks=tuple(self._sinks))
         loop = RoundLoop(
             body=self._body,
             inputs={name: inputs[name] for name in self._input_names},
             replay=replay,
             conditions=tuple(self._conditions),
             listeners=self._listeners,
+            observers=RunObservers(
+                iteration=self._body.name,
+                spark=active,
+                options=options,
+                static_conditions=self._conditions,
+            ),
         )
         return loop.run()
 

@@ -30,6 +30,7 @@ from iterflow.errors import (
 from iterflow.progress.listeners import Emitter, IterationEnd, ListenerSet, RoundEnd
 from iterflow.progress.round import RoundProgress
 from iterflow.runtime.materialize import Materialized, materialize, persist_owned, release
+from iterflow.runtime.observers import RunObservers
 from iterflow.runtime.schema import is_numeric, schema_differences
 from iterflow.runtime.scope import CacheRegistry, SparkRoundScope
 from iterflow.termination import (
@@ -77,8 +78,10 @@ class RoundLoop:
         replay: set[str],
         conditions: tuple[Condition, ...],
         listeners: ListenerSet,
+        observers: RunObservers,
     ) -> None:
         self.body = body
+        self.observers = observers
         self.inputs = dict(inputs)
         self.replay = replay
         self.conditions = tuple(flatten(conditions))
@@ -97,36 +100,52 @@ class RoundLoop:
     # -- the loop --------------------------------------------------------------
 
     def run(self) -> IterationResult:
+        self.observers.started(self.inputs, self.replay, self.conditions)
         for name, df in self.inputs.items():
             if name not in self.replay and persist_owned(df):
                 self.owned_inputs[name] = df
         current = dict(self.inputs)
         kept: dict[str, DataFrame] = {}
+        epoch = 0
         try:
-            epoch = 0
             while True:
-                current, outputs, termination = self._round(epoch, current)
-                if termination is not None:
-                    end = IterationEnd(
-                        termination=termination,
-                        rounds=epoch + 1,
-                        outputs=outputs,
-                        history=tuple(self.history),
-                        state=self.state,
-                        emitter=self.emitter,
-                    )
-                    self.listeners.iteration_terminated(end, partial(_fail, epoch))
-                    kept = outputs
-                    return IterationResult(
-                        outputs=outputs,
-                        rounds=epoch + 1,
-                        termination=termination,
-                        history=list(self.history),
-                        emitted={k: list(v) for k, v in self.emitter.values.items()},
-                    )
+                with self.observers.round(epoch):
+                    current, outputs, termination = self._round(epoch, current)
+                    if termination is not None:
+                        # Listener updates at the end count toward the last round.
+                        result = self._terminate(epoch, termination, outputs)
+                        kept = outputs
+                        return result
                 epoch += 1
+        except BaseException as exc:
+            self.observers.failed(epoch, exc)
+            raise
         finally:
-            self._release_all(keep=kept)
+            try:
+                self.observers.close()
+            finally:
+                self._release_all(keep=kept)
+
+    def _terminate(
+        self, epoch: int, termination: Termination, outputs: dict[str, DataFrame]
+    ) -> IterationResult:
+        end = IterationEnd(
+            termination=termination,
+            rounds=epoch + 1,
+            outputs=outputs,
+            history=tuple(self.history),
+            state=self.state,
+            emitter=self.emitter,
+        )
+        self.listeners.iteration_terminated(end, partial(_fail, epoch))
+        return IterationResult(
+            outputs=outputs,
+            rounds=epoch + 1,
+            termination=termination,
+            history=list(self.history),
+            emitted={k: list(v) for k, v in self.emitter.values.items()},
+            metrics=self.observers.terminated(termination, epoch + 1),
+        )
 
     def _round(
         self, epoch: int, inputs: dict[str, DataFrame]
@@ -191,7 +210,9 @@ class RoundLoop:
                 converged_value=values[plan.convergence[0]],
                 duration_s=time.perf_counter() - clock,
             )
+        progress = self.observers.complete(progress, plan.conditions, self.history)
         self.history.append(progress)
+        self.observers.round_end(progress, plan.conditions)
         self.listeners.round_end(round_end(progress), partial(_fail, epoch))
         try:
             termination = decide(
@@ -203,6 +224,7 @@ class RoundLoop:
             )
         except Exception as exc:
             _fail(epoch, "until predicate", exc)
+        self.observers.round_completed(epoch)
 
         # Round k is complete: release what round k-1 held and this round's caches.
         self.caches.release("round")

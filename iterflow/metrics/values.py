@@ -17,7 +17,7 @@ KINDS: tuple[Kind, ...] = ("counter", "distribution", "gauge")
 
 @attrs.frozen(kw_only=True)
 class DistributionValue:
-    """Summary of the values a distribution received: ``count``, ``sum``, ``min``, ``max``, ``mean``.
+    """What a distribution received: ``count``, ``sum``, ``min``, ``max`` and ``mean``.
 
     ``min``, ``max`` and ``mean`` are None while ``count`` is 0.
     """
@@ -88,12 +88,17 @@ class MetricsSnapshot:
             "run_id": self.run_id,
             "epoch": self.epoch,
             "final": self.final,
-            "metrics": {
-                name: {
-                    "kind": result.kind,
-                    "committed": value_to_json(result.committed),
-                    "attempted": value_to_json(result.attempted),
-                }
-                for name, result in sorted(self.metrics.items())
-            },
+            "metrics": results_to_json(self.metrics),
         }
+
+
+def results_to_json(metrics: Mapping[str, MetricResult]) -> dict[str, Any]:
+    """Run totals as JSON-ready data: name -> {"kind", "committed", "attempted"}."""
+    return {
+        name: {
+            "kind": result.kind,
+            "committed": value_to_json(result.committed),
+            "attempted": value_to_json(result.attempted),
+        }
+        for name, result in sorted(metrics.items())
+    }

@@ -1,0 +1,133 @@
+"""The Spark bridge of ``iterflow.metrics``: executor-side updates through an accumulator.
+
+The only module of the metrics package that imports Spark. One accumulator per
+SparkContext holds what executors recorded, keyed by ``(run_id, epoch, name,
+kind)``. The run and epoch come from the local property the round loop sets on
+its thread (``iterflow.round``), which Spark hands to every task of the jobs
+that thread runs; so an update counts toward the round whose job ran the task,
+whenever the function that made it was pickled. Spark drops the updates of
+failed task attempts and merges those of successful ones before the job ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from pyspark import SparkContext, TaskContext
+from pyspark.accumulators import Accumulator, AccumulatorParam
+
+from iterflow.errors import IterflowError
+from iterflow.metrics.registry import (
+    KIND_CLASSES,
+    REGISTRY,
+    ExecutorStates,
+    Metric,
+    State,
+    merge_state,
+)
+from iterflow.metrics.values import Kind
+
+ROUND_PROPERTY = "iterflow.round"
+
+Key = tuple[str, int, str, Kind]
+
+
+class _StatesParam(AccumulatorParam[dict[Key, State]]):
+    """Accumulates ``{(run_id, epoch, name, kind): state}`` dicts."""
+
+    def zero(self, value: dict[Key, State]) -> dict[Key, State]:
+        return {}
+
+    def addInPlace(self, value1: dict[Key, State], value2: dict[Key, State]) -> dict[Key, State]:
+        for key, state in value2.items():
+            old = value1.get(key)
+            value1[key] = state if old is None else merge_state(key[3], old, state)
+        return value1
+
+
+class _AccumulatorRecorder:
+    """Records the updates of a metric unpickled inside a Spark task into the accumulator."""
+
+    def __init__(self, accumulator: Accumulator[dict[Key, State]]) -> None:
+        self._accumulator = accumulator
+
+    def __call__(self, name: str, kind: Kind, state: State) -> None:
+        context = TaskContext.get()
+        token = context.getLocalProperty(ROUND_PROPERTY) if context else None
+        if token is None:  # a job outside any run: values are per run
+            return
+        run_id, epoch = token.rsplit(":", 1)
+        self._accumulator.add({(run_id, int(epoch), name, kind): state})
+
+
+def _restore(name: str, kind: Kind, accumulator: Accumulator[dict[Key, State]]) -> Metric:
+    """Unpickle a metric: inside a task it records into the accumulator; on the driver
+    it is the registry's handle."""
+    if TaskContext.get() is None:
+        return REGISTRY.get(name, kind)
+    return KIND_CLASSES[kind](name, REGISTRY, _AccumulatorRecorder(accumulator))
+
+
+class SparkBridge:
+    """Ships metrics to executors of classic sessions and reads back what they recorded."""
+
+    def __init__(self) -> None:
+        self._context: SparkContext | None = None
+        self._accumulator: Accumulator[dict[Key, State]] | None = None
+
+    def on_executor(self) -> bool:
+        return TaskContext.get() is not None
+
+    def accumulator(self) -> Accumulator[dict[Key, State]]:
+        context = SparkContext._active_spark_context
+        if context is None:
+            raise IterflowError(
+                "metrics cannot be updated inside executor functions without a classic "
+                "SparkContext (under Spark Connect there are no accumulators); update them "
+                "on the driver, e.g. from a listener"
+            )
+        if self._accumulator is None or self._context is not context:
+            self._accumulator = context.accumulator({}, _StatesParam())
+            self._context = context
+        return self._accumulator
+
+    def reduce(self, metric: Metric) -> tuple[Any, ...]:
+        return (_restore, (metric.name, metric.kind, self.accumulator()))
+
+    def executor_states(self, run_id: str) -> ExecutorStates:
+        """What executors recorded for ``run_id``: ``(epoch, name, kind) -> state``."""
+        accumulator = self._accumulator
+        if accumulator is None or self._context is not SparkContext._active_spark_context:
+            return {}
+        # A C-level copy: the accumulator server thread may be merging meanwhile.
+        states = dict(accumulator._value)
+        return {(e, n, k): s for (r, e, n, k), s in states.items() if r == run_id}
+
+    def forget(self, run_id: str, epochs: Iterable[int]) -> None:
+        accumulator = self._accumulator
+        if accumulator is None:
+            return
+        sealed = set(epochs)
+        for key in [k for k in dict(accumulator._value) if k[0] == run_id and k[1] in sealed]:
+            accumulator._value.pop(key, None)
+
+    @contextmanager
+    def round_property(
+        self, context: SparkContext | None, run_id: str, epoch: int
+    ) -> Iterator[None]:
+        """Tag the jobs this thread runs as round ``epoch`` of ``run_id`` while inside."""
+        if context is None:  # Spark Connect: executor updates are refused when pickled
+            yield
+            return
+        previous = context.getLocalProperty(ROUND_PROPERTY)
+        context.setLocalProperty(ROUND_PROPERTY, f"{run_id}:{epoch}")
+        try:
+            yield
+        finally:
+            context.setLocalProperty(ROUND_PROPERTY, previous)  # type: ignore[arg-type]
+
+
+BRIDGE = SparkBridge()
+REGISTRY.install(BRIDGE)

@@ -1,0 +1,89 @@
+"""The progress bar of a run, drawn with tqdm on stderr. Pure Python.
+
+It redraws only at round ends, between Spark jobs: Spark's own console progress
+(off in iterflow's embedded session) draws while jobs run and clears its line
+when they finish, so the two never share the line at the same time.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import IO
+
+from tqdm import tqdm
+
+from iterflow.progress.round import RoundProgress
+
+_WITH_TOTAL = "{desc} round {n_fmt}/{total_fmt} |{bar}| [{elapsed}{postfix}]"
+_OPEN = "{desc} round {n_fmt} [{elapsed}{postfix}]"
+
+
+def _seconds(s: float) -> str:
+    if s < 60:
+        return f"{s:.1f}s"
+    minutes, seconds = divmod(round(s), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
+
+
+def describe_round(progress: RoundProgress) -> str:
+    """One line on a round: seconds it took, convergence value, estimated time left."""
+    parts = [f"{progress.duration_s:.2f} s/round"]
+    if progress.converged_value is not None:
+        parts.append(f"value {progress.converged_value:.3g}")
+    if progress.rounds_remaining_estimate is not None:
+        eta = f"ETA {_seconds(progress.eta_s)}" if progress.eta_s is not None else "ETA"
+        parts.append(f"{eta} (~{progress.rounds_remaining_estimate} rounds)")
+    return ", ".join(parts)
+
+
+class ProgressBar:
+    """Rounds done out of ``max_rounds`` (or an open counter), updated at every round end.
+
+    ``enabled=None`` shows the bar when ``file`` (stderr by default) is a terminal.
+    """
+
+    def __init__(
+        self,
+        iteration: str,
+        *,
+        max_rounds: int | None,
+        enabled: bool | None,
+        file: IO[str] | None = None,
+    ) -> None:
+        out = file if file is not None else sys.stderr
+        show = enabled if enabled is not None else bool(getattr(out, "isatty", bool)())
+        self._bar: tqdm[None] | None = None
+        if show:
+            self._bar = tqdm(
+                total=max_rounds,
+                desc=iteration,
+                file=out,
+                bar_format=_WITH_TOTAL if max_rounds else _OPEN,
+                dynamic_ncols=True,
+                leave=True,
+                mininterval=0,
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self._bar is not None
+
+    def round_end(self, progress: RoundProgress, *, max_rounds: int | None = None) -> None:
+        """Count round ``progress.epoch`` done; ``max_rounds`` updates the total (a body's
+        own ``until`` is known only once it has run)."""
+        if self._bar is None:
+            return
+        if max_rounds is not None and max_rounds != self._bar.total:
+            self._bar.total = max_rounds
+            self._bar.bar_format = _WITH_TOTAL
+        self._bar.set_postfix_str(describe_round(progress), refresh=False)
+        self._bar.update(1)
+
+    def close(self, outcome: str) -> None:
+        """Show how the run ended (``"converged at epoch 17"``) and release the line."""
+        if self._bar is None:
+            return
+        self._bar.set_postfix_str(outcome, refresh=True)
+        self._bar.close()
+        self._bar = None

@@ -1,0 +1,135 @@
+"""A plain-text report of one run of the event log: a table of rounds and a summary.
+
+Pure Python: no Spark import. ``iterflow report LOG`` prints it.
+
+Example::
+
+    print(format_report(read_events("logs/pagerank.jsonl")))
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+#: Round table headers for the RoundProgress fields; other columns keep their name.
+_LABELS = {
+    "duration_s": "seconds",
+    "converged_value": "converged",
+    "rounds_remaining_estimate": "remaining",
+}
+
+
+def round_values(event: Mapping[str, Any]) -> dict[str, Any]:
+    """The numbers of one ``round_end`` event, by the names ``iterflow plot --metric`` takes.
+
+    ``duration_s``, ``rows.<name>``, ``observed.<name>``, ``converged_value``,
+    ``rounds_remaining_estimate``, ``eta_s``, then each user metric by its name (a
+    distribution by its mean). A user metric named like a field is hidden by it.
+    """
+    values: dict[str, Any] = {"duration_s": event.get("duration_s")}
+    values.update({f"rows.{name}": n for name, n in (event.get("rows") or {}).items()})
+    values.update({f"observed.{name}": n for name, n in (event.get("observed") or {}).items()})
+    for field in ("converged_value", "rounds_remaining_estimate", "eta_s"):
+        values[field] = event.get(field)
+    for name, value in (event.get("metrics") or {}).items():
+        values.setdefault(name, value.get("mean") if isinstance(value, dict) else value)
+    return values
+
+
+def format_report(events: Sequence[Mapping[str, Any]]) -> str:
+    """The rounds of one run as a table, then its summary: rounds, time, ending, metrics.
+
+    ``events`` are the events of one run, as :func:`read_events` returns them.
+    Columns that no round has a value for are left out.
+    """
+    rounds = [e for e in events if e["event"] == "round_end"]
+    values = [round_values(e) for e in rounds]
+    columns = [
+        name
+        for name in dict.fromkeys(name for row in values for name in row)
+        if any(row.get(name) is not None for row in values)
+    ]
+    table = _table(
+        ["epoch", *(_LABELS.get(name, name) for name in columns)],
+        [
+            [_cell(e.get("epoch")), *(_cell(row.get(name)) for name in columns)]
+            for e, row in zip(rounds, values, strict=True)
+        ],
+        align=">" * (len(columns) + 1),
+    )
+    return "\n".join([*table, "", *_summary(events, rounds)]) + "\n"
+
+
+def final_event(events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The ``iteration_terminated`` or ``iteration_failed`` event, or None while running."""
+    return next(
+        (e for e in events if e["event"] in ("iteration_terminated", "iteration_failed")), None
+    )
+
+
+def ending(events: Sequence[Mapping[str, Any]]) -> str:
+    """How the run ended, in a few words: "converged at epoch 11", "failed at epoch 3 (...)"."""
+    end = final_event(events)
+    if end is None:
+        return "no final event"
+    if end["event"] == "iteration_terminated":
+        return f"{end['termination']['reason']} at epoch {end['termination']['epoch']}"
+    return f"failed at epoch {end.get('epoch')} ({end.get('error_type')})"
+
+
+def _summary(events: Sequence[Mapping[str, Any]], rounds: Sequence[Mapping[str, Any]]) -> list[str]:
+    started = next((e for e in events if e["event"] == "iteration_started"), {})
+    end = final_event(events)
+    durations = [e["duration_s"] for e in rounds if e.get("duration_s") is not None]
+    total = end["duration_s"] if end and end.get("duration_s") is not None else sum(durations)
+    median = f", median {statistics.median(durations):.3g} s per round" if durations else ""
+    if end is None:
+        detail = " (the run is still going, or its process died)"
+    elif end["event"] == "iteration_terminated":
+        detail = f" (reasons: {', '.join(end['termination']['reasons'])})"
+    else:
+        detail = f": {end.get('error')}"
+    lines = [
+        f"iteration '{started.get('iteration', '?')}', run {started.get('run_id', '?')}, "
+        f"iterflow {started.get('iterflow_version', '?')}",
+        f"rounds: {(end or {}).get('rounds', len(rounds))}, {total:.3g} s in total{median}",
+        f"ended: {ending(events)}{detail}",
+    ]
+    metrics: Mapping[str, Any] = (end.get("metrics") or {}) if end else {}
+    if metrics:
+        lines += ["", "metric totals:"]
+        lines += _table(
+            ["metric", "kind", "committed", "attempted"],
+            [
+                [name, m["kind"], _total(m["committed"]), _total(m["attempted"])]
+                for name, m in metrics.items()
+            ],
+            align="<<>>",
+        )
+    return lines
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        # Three significant digits keep many columns narrow; thousands read better whole.
+        return f"{value:.0f}" if 1e3 <= abs(value) < 1e7 else f"{value:.3g}"
+    return str(value)
+
+
+def _total(value: Any) -> str:
+    if isinstance(value, dict):
+        return f"mean {_cell(value.get('mean'))} of {value.get('count')}"
+    return _cell(value)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], *, align: str) -> list[str]:
+    """Rows of text cells padded to aligned columns, two spaces apart."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+    return [
+        "  ".join(f"{cell:{a}{w}}" for cell, a, w in zip(line, align, widths, strict=True)).rstrip()
+        for line in (header, *rows)
+    ]

@@ -1,0 +1,172 @@
+"""What watches a run: metrics, the progress bar, the event log and metric sinks.
+
+Shared by the round loops. The loop tells it when a run starts, when each round
+starts, ends and completes, and how the run ended; it completes each
+RoundProgress with the round's metrics and the backlog estimate.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from functools import partial
+
+import attrs
+from pyspark.sql import DataFrame, SparkSession
+
+from iterflow.metrics._spark import BRIDGE
+from iterflow.metrics.pusher import MetricsPusher
+from iterflow.metrics.registry import REGISTRY
+from iterflow.metrics.sinks import MetricsSink
+from iterflow.metrics.values import MetricResult
+from iterflow.progress.bar import ProgressBar
+from iterflow.progress.estimate import estimate_remaining
+from iterflow.progress.events import EventLog
+from iterflow.progress.round import RoundProgress
+from iterflow.runtime.session import spark_context
+from iterflow.termination import Condition, Converged, MaxRounds, Termination
+
+
+@attrs.frozen(kw_only=True)
+class ObserverOptions:
+    """How a run is watched: ``run(progress=, event_log=)`` and ``push_metrics`` sinks."""
+
+    progress: bool | None = None
+    event_log: str | os.PathLike[str] | None = None
+    sinks: tuple[tuple[MetricsSink, float], ...] = ()
+
+
+def schema_ddl(df: DataFrame) -> str:
+    """``df``'s schema as DDL, e.g. ``"id BIGINT, rank DOUBLE"``."""
+    return ", ".join(f"{f.name} {f.dataType.simpleString().upper()}" for f in df.schema.fields)
+
+
+def max_rounds_of(conditions: Sequence[Condition]) -> int | None:
+    bounds = [c.n for c in conditions if isinstance(c, MaxRounds)]
+    return min(bounds) if bounds else None
+
+
+class RunObservers:
+    """The observers of one run."""
+
+    def __init__(
+        self,
+        *,
+        iteration: str,
+        spark: SparkSession,
+        options: ObserverOptions,
+        static_conditions: Sequence[Condition],
+    ) -> None:
+        self.iteration = iteration
+        self.run_id = uuid.uuid4().hex[:12]
+        self._context = spark_context(spark)
+        self._clock = time.perf_counter()
+        self.metrics = REGISTRY.begin_run(
+            iteration=iteration,
+            run_id=self.run_id,
+            executor_states=partial(BRIDGE.executor_states, self.run_id),
+            forget=partial(BRIDGE.forget, self.run_id),
+        )
+        self._log = EventLog(options.event_log) if options.event_log is not None else None
+        self._bar = ProgressBar(
+            iteration, max_rounds=max_rounds_of(static_conditions), enabled=options.progress
+        )
+        self._pusher = MetricsPusher(self.metrics.snapshot, options.sinks)
+        self._pusher.start()
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self._clock
+
+    def started(
+        self,
+        inputs: Mapping[str, DataFrame],
+        replay: set[str],
+        conditions: Sequence[Condition],
+    ) -> None:
+        if self._log is not None:
+            self._log.iteration_started(
+                run_id=self.run_id,
+                iteration=self.iteration,
+                inputs={
+                    name: {"schema": schema_ddl(df), "replay": name in replay}
+                    for name, df in inputs.items()
+                },
+                conditions=[c.describe() for c in conditions],
+            )
+
+    @contextmanager
+    def round(self, epoch: int) -> Iterator[None]:
+        """Round ``epoch`` runs inside: metric updates and Spark jobs count toward it."""
+        self.metrics.start_round(epoch)
+        with BRIDGE.round_property(self._context, self.run_id, epoch):
+            yield
+
+    def complete(
+        self,
+        progress: RoundProgress,
+        conditions: Sequence[Condition],
+        history: Sequence[RoundProgress],
+    ) -> RoundProgress:
+        """``progress`` with the round's metrics and the estimate of what remains."""
+        convergence = [c for c in conditions if isinstance(c, Converged)]
+        estimate = estimate_remaining(
+            epoch=progress.epoch,
+            values=[p.converged_value for p in (*history, progress)],
+            tol=convergence[0].tol if convergence else None,
+            max_rounds=max_rounds_of(conditions),
+            durations=[p.duration_s for p in (*history, progress)],
+        )
+        return attrs.evolve(
+            progress,
+            metrics=self.metrics.round_values(progress.epoch),
+            rounds_remaining_estimate=estimate.rounds_remaining,
+            eta_s=estimate.eta_s,
+        )
+
+    def round_end(self, progress: RoundProgress, conditions: Sequence[Condition]) -> None:
+        """Record and show round ``progress.epoch``, before listeners see it."""
+        if self._log is not None:
+            self._log.round_end(run_id=self.run_id, progress=progress)
+        self._bar.round_end(progress, max_rounds=max_rounds_of(conditions))
+
+    def round_completed(self, epoch: int) -> None:
+        self.metrics.complete_round(epoch)
+
+    def terminated(self, termination: Termination, rounds: int) -> dict[str, MetricResult]:
+        """The run ended normally; returns the metric totals."""
+        totals = self.metrics.finish()
+        if self._log is not None:
+            self._log.iteration_terminated(
+                run_id=self.run_id,
+                termination=termination,
+                rounds=rounds,
+                duration_s=self.elapsed_s,
+                metrics=totals,
+            )
+        self._bar.close(f"{termination.reason} at epoch {termination.epoch}")
+        return totals
+
+    def failed(self, epoch: int, error: BaseException) -> None:
+        totals = self.metrics.finish()
+        if self._log is not None:
+            self._log.iteration_failed(
+                run_id=self.run_id,
+                epoch=epoch,
+                error=error,
+                duration_s=self.elapsed_s,
+                metrics=totals,
+            )
+        self._bar.close(f"failed at epoch {epoch}")
+
+    def close(self) -> None:
+        """Final metrics push (it completes before this returns), then release everything."""
+        try:
+            self._pusher.stop()
+        finally:
+            REGISTRY.end_run(self.metrics)
+            if self._log is not None:
+                self._log.close()

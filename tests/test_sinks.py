@@ -1,0 +1,461 @@
+"""Metrics sinks and the pusher against real servers on 127.0.0.1, without Spark."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import socket
+import socketserver
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from iterflow.errors import IterflowValueError
+from iterflow.metrics.pusher import MetricsPusher
+from iterflow.metrics.sinks import (
+    GraphiteSink,
+    HttpJsonSink,
+    JsonLinesSink,
+    MetricsSink,
+    PrometheusSink,
+)
+from iterflow.metrics.values import DistributionValue, MetricResult, MetricsSnapshot
+
+# 2024-01-02T03:04:05Z as Unix time.
+TIME = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+UNIX_TIME = 1704164645
+
+
+def make_snapshot(
+    iteration: str = "pagerank", *, epoch: int | None = 3, final: bool = False
+) -> MetricsSnapshot:
+    return MetricsSnapshot(
+        iteration=iteration,
+        run_id="run-1",
+        time=TIME,
+        epoch=epoch,
+        final=final,
+        metrics={
+            "rows_seen": MetricResult(kind="counter", committed=10, attempted=12),
+            "loss.delta": MetricResult(
+                kind="distribution",
+                committed=DistributionValue(count=2, sum=3.0, min=1.0, max=2.0),
+                attempted=DistributionValue(count=4, sum=10.0, min=1.0, max=4.0),
+            ),
+            "empty": MetricResult(
+                kind="distribution", committed=DistributionValue(), attempted=DistributionValue()
+            ),
+            "lr": MetricResult(kind="gauge", committed=0.5, attempted=0.25),
+            "unset": MetricResult(kind="gauge", committed=None, attempted=None),
+        },
+    )
+
+
+def wait_until(condition: Callable[[], bool], deadline_s: float = 5.0) -> None:
+    """Poll ``condition`` until it holds; fail if it does not within ``deadline_s``."""
+    give_up = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < give_up, "condition not reached before the deadline"
+        time.sleep(0.01)
+
+
+def closed_port() -> int:
+    """A port nothing listens on: bound, then released."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+class RecordingSink(MetricsSink):
+    """Keeps what it receives, and whether it was closed, for the pusher tests."""
+
+    def __init__(self, name: str = "recording") -> None:
+        self.name = name
+        self.snapshots: list[MetricsSnapshot] = []
+        self.closed = False
+
+    def push(self, snapshot: MetricsSnapshot) -> None:
+        self.snapshots.append(snapshot)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FlakySink(RecordingSink):
+    """Fails its first ``failures`` pushes, then records like ``RecordingSink``."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__("flaky")
+        self.failures_left = failures
+
+    def push(self, snapshot: MetricsSnapshot) -> None:
+        if self.failures_left:
+            self.failures_left -= 1
+            raise ConnectionError("collector unavailable")
+        super().push(snapshot)
+
+
+class RecordingHTTPServer(ThreadingHTTPServer):
+    """Answers POSTs to /fail with 500 and to /moved with a redirect; records the others."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _RecordingHandler)
+        self.bodies: list[dict[str, object]] = []
+        self.content_types: list[str | None] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _RecordingHandler(BaseHTTPRequestHandler):
+    server: RecordingHTTPServer
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path == "/fail":
+            self.send_response(500)
+        elif self.path == "/moved":
+            self.send_response(302)
+            self.send_header("Location", "/")
+        else:
+            self.server.content_types.append(self.headers["Content-Type"])
+            self.server.bodies.append(json.loads(body))
+            self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class GraphiteServer(socketserver.ThreadingTCPServer):
+    """Reads plaintext lines until each connection closes, as carbon does."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _GraphiteHandler)
+        self.lines: list[str] = []
+        self.connections = 0
+
+    @property
+    def port(self) -> int:
+        port: int = self.server_address[1]
+        return port
+
+
+class _GraphiteHandler(socketserver.StreamRequestHandler):
+    server: GraphiteServer
+
+    def handle(self) -> None:
+        lines = self.rfile.read().decode("utf-8").splitlines()
+        self.server.lines.extend(lines)
+        self.server.connections += 1
+
+
+@contextlib.contextmanager
+def serving(server: socketserver.BaseServer) -> Iterator[None]:
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+@pytest.fixture
+def http_server() -> Iterator[RecordingHTTPServer]:
+    server = RecordingHTTPServer()
+    with serving(server):
+        yield server
+
+
+@pytest.fixture
+def graphite_server() -> Iterator[GraphiteServer]:
+    server = GraphiteServer()
+    with serving(server):
+        yield server
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """The URL of a server that accepts connections and never answers."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        # The kernel completes connections in the backlog; nobody ever reads them.
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/"
+
+
+@pytest.fixture
+def prometheus_sink() -> Iterator[PrometheusSink]:
+    sink = PrometheusSink(port=0)
+    yield sink
+    sink.close()
+
+
+def scrape(text: str) -> dict[tuple[str, str, str], float]:
+    """Samples of an exposition as {(sample name, iteration, state): value}."""
+    return {
+        (sample.name, sample.labels["iteration"], sample.labels["state"]): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_http_json_sink_posts_the_snapshot_as_json(http_server: RecordingHTTPServer) -> None:
+    sink = HttpJsonSink(http_server.url + "/metrics", headers={"X-Team": "graphs"})
+    sink.push(make_snapshot())
+    sink.close()
+
+    assert http_server.content_types == ["application/json"]
+    [body] = http_server.bodies
+    assert body["iteration"] == "pagerank"
+    assert body["run_id"] == "run-1"
+    assert body["epoch"] == 3
+    assert body["final"] is False
+    assert body["time"] == "2024-01-02T03:04:05+00:00"
+    metrics = body["metrics"]
+    assert isinstance(metrics, dict)
+    assert metrics["rows_seen"] == {"kind": "counter", "committed": 10, "attempted": 12}
+    assert metrics["loss.delta"]["committed"] == {
+        "count": 2,
+        "sum": 3.0,
+        "min": 1.0,
+        "max": 2.0,
+        "mean": 1.5,
+    }
+    assert metrics["loss.delta"]["attempted"]["mean"] == 2.5
+    assert metrics["lr"] == {"kind": "gauge", "committed": 0.5, "attempted": 0.25}
+    assert metrics["unset"]["committed"] is None
+
+
+@pytest.mark.parametrize("path", ["/fail", "/moved"])
+def test_http_json_sink_raises_on_a_status_other_than_2xx(
+    http_server: RecordingHTTPServer, path: str
+) -> None:
+    with pytest.raises(urllib.error.HTTPError):
+        HttpJsonSink(http_server.url + path).push(make_snapshot())
+    assert http_server.bodies == []
+
+
+def test_graphite_sink_sends_one_plaintext_line_per_value(graphite_server: GraphiteServer) -> None:
+    sink = GraphiteSink("127.0.0.1", graphite_server.port, prefix="jobs.iterflow")
+    sink.push(make_snapshot(iteration="page rank/v2.1"))
+    sink.close()
+
+    wait_until(lambda: graphite_server.connections == 1)
+    base = "jobs.iterflow.page_rank_v2_1"
+    assert graphite_server.lines == [
+        f"{base}.empty.committed.count 0 {UNIX_TIME}",
+        f"{base}.empty.committed.sum 0.0 {UNIX_TIME}",
+        f"{base}.empty.attempted.count 0 {UNIX_TIME}",
+        f"{base}.empty.attempted.sum 0.0 {UNIX_TIME}",
+        f"{base}.loss.delta.committed.count 2 {UNIX_TIME}",
+        f"{base}.loss.delta.committed.sum 3.0 {UNIX_TIME}",
+        f"{base}.loss.delta.committed.min 1.0 {UNIX_TIME}",
+        f"{base}.loss.delta.committed.max 2.0 {UNIX_TIME}",
+        f"{base}.loss.delta.committed.mean 1.5 {UNIX_TIME}",
+        f"{base}.loss.delta.attempted.count 4 {UNIX_TIME}",
+        f"{base}.loss.delta.attempted.sum 10.0 {UNIX_TIME}",
+        f"{base}.loss.delta.attempted.min 1.0 {UNIX_TIME}",
+        f"{base}.loss.delta.attempted.max 4.0 {UNIX_TIME}",
+        f"{base}.loss.delta.attempted.mean 2.5 {UNIX_TIME}",
+        f"{base}.lr.committed 0.5 {UNIX_TIME}",
+        f"{base}.lr.attempted 0.25 {UNIX_TIME}",
+        f"{base}.rows_seen.committed 10 {UNIX_TIME}",
+        f"{base}.rows_seen.attempted 12 {UNIX_TIME}",
+    ]
+
+
+def test_prometheus_sink_serves_the_latest_snapshot_of_each_iteration(
+    prometheus_sink: PrometheusSink,
+) -> None:
+    prometheus_sink.push(make_snapshot("pagerank", epoch=1))
+    prometheus_sink.push(make_snapshot("pagerank", epoch=2))
+    prometheus_sink.push(
+        MetricsSnapshot(
+            iteration="kmeans",
+            run_id="run-2",
+            time=TIME,
+            epoch=0,
+            final=True,
+            metrics={"rows_seen": MetricResult(kind="counter", committed=7, attempted=7)},
+        )
+    )
+
+    url = f"http://127.0.0.1:{prometheus_sink.port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode("utf-8")
+    families = {family.name: family.type for family in text_string_to_metric_families(text)}
+    assert families == {
+        "iterflow_empty": "summary",
+        "iterflow_empty_min": "gauge",
+        "iterflow_empty_max": "gauge",
+        "iterflow_loss_delta": "summary",
+        "iterflow_loss_delta_min": "gauge",
+        "iterflow_loss_delta_max": "gauge",
+        "iterflow_lr": "gauge",
+        "iterflow_rows_seen": "counter",
+        "iterflow_unset": "gauge",
+    }
+    assert scrape(text) == {
+        ("iterflow_empty_count", "pagerank", "committed"): 0,
+        ("iterflow_empty_sum", "pagerank", "committed"): 0,
+        ("iterflow_empty_count", "pagerank", "attempted"): 0,
+        ("iterflow_empty_sum", "pagerank", "attempted"): 0,
+        ("iterflow_loss_delta_count", "pagerank", "committed"): 2,
+        ("iterflow_loss_delta_sum", "pagerank", "committed"): 3.0,
+        ("iterflow_loss_delta_count", "pagerank", "attempted"): 4,
+        ("iterflow_loss_delta_sum", "pagerank", "attempted"): 10.0,
+        ("iterflow_loss_delta_min", "pagerank", "committed"): 1.0,
+        ("iterflow_loss_delta_min", "pagerank", "attempted"): 1.0,
+        ("iterflow_loss_delta_max", "pagerank", "committed"): 2.0,
+        ("iterflow_loss_delta_max", "pagerank", "attempted"): 4.0,
+        ("iterflow_lr", "pagerank", "committed"): 0.5,
+        ("iterflow_lr", "pagerank", "attempted"): 0.25,
+        ("iterflow_rows_seen_total", "kmeans", "committed"): 7,
+        ("iterflow_rows_seen_total", "kmeans", "attempted"): 7,
+        ("iterflow_rows_seen_total", "pagerank", "committed"): 10,
+        ("iterflow_rows_seen_total", "pagerank", "attempted"): 12,
+    }
+
+
+def test_prometheus_sink_without_port_fills_its_registry_only() -> None:
+    sink = PrometheusSink(prefix="jobs.v2")
+    sink.push(make_snapshot())
+    sink.close()
+
+    assert sink.port is None
+    samples = scrape(generate_latest(sink.registry).decode("utf-8"))
+    assert samples[("jobs_v2_rows_seen_total", "pagerank", "attempted")] == 12
+    assert samples[("jobs_v2_loss_delta_max", "pagerank", "committed")] == 2.0
+
+
+def test_prometheus_sink_close_stops_the_server() -> None:
+    sink = PrometheusSink(port=0)
+    sink.close()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"http://127.0.0.1:{sink.port}/metrics", timeout=5)
+
+
+def test_json_lines_sink_appends_one_line_per_push(tmp_path: Path) -> None:
+    path = tmp_path / "runs" / "metrics.jsonl"
+    sink = JsonLinesSink(path)
+    sink.push(make_snapshot(epoch=0))
+    sink.push(make_snapshot(epoch=1, final=True))
+    sink.close()
+
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["epoch"] for line in lines] == [0, 1]
+    assert [line["final"] for line in lines] == [False, True]
+    assert lines[1]["metrics"]["rows_seen"]["attempted"] == 12
+    assert lines[1]["metrics"]["loss.delta"]["committed"]["max"] == 2.0
+    assert lines[1] == make_snapshot(epoch=1, final=True).to_dict()
+
+
+class SnapshotSource:
+    """Builds numbered snapshots, as the run's snapshot function does."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+
+    def __call__(self, final: bool) -> MetricsSnapshot:
+        self.taken += 1
+        return make_snapshot(epoch=self.taken, final=final)
+
+
+def test_pusher_pushes_periodically_and_finally_before_stop_returns() -> None:
+    fast, slow = RecordingSink("fast"), RecordingSink("slow")
+    pusher = MetricsPusher(SnapshotSource(), [(fast, 0.05), (slow, 3600.0)])
+    pusher.start()
+    wait_until(lambda: len(fast.snapshots) >= 3)
+    pusher.stop()
+
+    assert [s.final for s in fast.snapshots] == [False] * (len(fast.snapshots) - 1) + [True]
+    assert [s.epoch for s in fast.snapshots] == list(range(1, len(fast.snapshots) + 1))
+    # The slow sink was never due: it gets only the final push, the same as the fast one.
+    assert slow.snapshots == [fast.snapshots[-1]]
+    assert not fast.closed and not slow.closed  # the caller owns the sinks
+
+
+def test_pusher_without_start_still_makes_the_final_push() -> None:
+    sink = RecordingSink()
+    pusher = MetricsPusher(SnapshotSource(), [(sink, 1.0)])
+    pusher.stop()
+    pusher.stop()
+
+    assert [s.final for s in sink.snapshots] == [True]
+
+
+def test_a_refused_sink_warns_once_and_others_get_every_push(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="iterflow.metrics")
+    source = SnapshotSource()
+    refused = GraphiteSink("127.0.0.1", closed_port(), timeout_s=0.2)
+    healthy = RecordingSink()
+    pusher = MetricsPusher(source, [(refused, 0.05), (healthy, 0.05)])
+    pusher.start()
+    wait_until(lambda: len(healthy.snapshots) >= 3)
+    pusher.stop()
+
+    # Both sinks are due at the same ticks, so each snapshot went to both.
+    assert [s.epoch for s in healthy.snapshots] == list(range(1, source.taken + 1))
+    assert healthy.snapshots[-1].final
+    messages = [record.getMessage() for record in caplog.records]
+    first_failures = [m for m in messages if "failed: ConnectionRefusedError" in m]
+    assert len(first_failures) == 1
+    assert refused.name in first_failures[0]
+    assert any("still failing when the run ended" in m for m in messages)
+
+
+def test_a_sink_that_recovers_is_logged_once_failing_and_once_recovered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="iterflow.metrics")
+    flaky = FlakySink(failures=2)
+    pusher = MetricsPusher(SnapshotSource(), [(flaky, 0.05)])
+    pusher.start()
+    wait_until(lambda: len(flaky.snapshots) >= 1)
+    pusher.stop()
+
+    assert [record.getMessage() for record in caplog.records] == [
+        "metrics sink 'flaky' failed: ConnectionError: collector unavailable "
+        "(further failures are counted, not logged, until it recovers)",
+        "metrics sink 'flaky' recovered after 2 failed push(es)",
+    ]
+    assert flaky.snapshots[-1].final
+
+
+def test_a_hanging_sink_is_bounded_by_its_timeout(
+    silent_server: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="iterflow.metrics")
+    hanging = HttpJsonSink(silent_server, timeout_s=0.2)
+    healthy = RecordingSink()
+    pusher = MetricsPusher(SnapshotSource(), [(hanging, 0.05), (healthy, 0.05)])
+    pusher.start()
+    wait_until(lambda: len(healthy.snapshots) >= 2)
+    pusher.stop()
+
+    assert healthy.snapshots[-1].final
+    assert any(
+        hanging.name in record.getMessage() and "timed out" in record.getMessage()
+        for record in caplog.records
+    )
+
+
+@pytest.mark.parametrize("every_s", [0, -1.0, float("nan"), float("inf")])
+def test_pusher_rejects_an_interval_that_is_not_a_positive_number(every_s: float) -> None:
+    with pytest.raises(IterflowValueError, match=rf"'recording' is {every_s!r}"):
+        MetricsPusher(SnapshotSource(), [(RecordingSink(), every_s)])
