@@ -1,0 +1,209 @@
+"""What observability costs: PageRank with every observer on against the same run with none.
+
+"on" runs ``pagerank_body(n)`` with ``run(progress=True, event_log=...)``, a
+``JsonLinesSink`` pushed every second and a listener that increments a user
+counter on the driver every round. "off" runs the same iteration with
+``progress=False``, no event log, no sink and no listener. Both run a fixed
+number of rounds (``itf.max_rounds``, no tolerance), so every run does the same
+work. The progress bar is drawn (``progress=True`` forces it) into a file that
+stands in for the terminal, like the event log and the metrics file. Runs
+alternate (the starting mode rotates every repetition) after one warm-up run of
+each, and the ratio is of medians. Target: on / off <= 1.05.
+
+    python benchmarks/bench_observability.py [--quick]
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from contextlib import ExitStack, redirect_stderr
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from _common import (
+    count_jobs,
+    log,
+    median,
+    pagerank_inputs,
+    parse_args,
+    print_table,
+    settings,
+    settle,
+    start_session,
+    write_result,
+)
+from pyspark.sql import DataFrame, SparkSession
+
+import iterflow as itf
+from iterflow.demo.pagerank import pagerank_body
+
+TARGET = 1.05
+MODES = ("off", "on")
+PUSH_EVERY_S = 1.0
+COUNTER = "bench.rounds"
+
+
+class Workload(NamedTuple):
+    """The graph and round count every run works on."""
+
+    n: int
+    ranks0: DataFrame
+    edges: DataFrame
+    rounds: int
+
+
+def run_once(w: Workload, mode: str, files: Path) -> tuple[float, itf.IterationResult]:
+    """One run in ``mode``: its time (building the iteration and ``run()``) and its result.
+
+    In "on" mode the event log, the metrics file and the progress bar's output go to
+    fresh files in ``files``.
+    """
+    it = (
+        itf.BoundedIteration(pagerank_body(w.n))
+        .bind("ranks", w.ranks0)
+        .bind("edges", w.edges)
+        .until(itf.max_rounds(w.rounds))
+    )
+    if mode == "off":
+        start = time.perf_counter()
+        result = it.run(progress=False)
+        return time.perf_counter() - start, result
+    with ExitStack() as stack:
+        bar = stack.enter_context((files / "progress.txt").open("w", encoding="utf-8"))
+        stack.enter_context(redirect_stderr(bar))
+        start = time.perf_counter()
+        rounds = itf.metrics.counter(COUNTER)
+        result = (
+            it.push_metrics(
+                itf.metrics.JsonLinesSink(files / "metrics.jsonl"), every_s=PUSH_EVERY_S
+            )
+            .listen(lambda _ctx: rounds.inc())
+            .run(progress=True, event_log=files / "events.jsonl")
+        )
+        return time.perf_counter() - start, result
+
+
+def measure(spark: SparkSession, label: str, mode: str, w: Workload) -> dict[str, Any]:
+    settle(spark)
+    with tempfile.TemporaryDirectory(prefix="iterflow-bench-") as tmp:
+        files = Path(tmp)
+        with count_jobs(spark, f"observability-{mode}") as jobs:
+            total_s, result = run_once(w, mode, files)
+        rounds = [p.duration_s for p in result.history]
+        run: dict[str, Any] = {
+            "total_s": total_s,
+            "round_s": rounds,
+            "rounds": len(rounds),
+            "jobs": jobs.jobs,
+        }
+        if mode == "on":
+            run |= {
+                "event_log_bytes": (files / "events.jsonl").stat().st_size,
+                "metrics_file_bytes": (files / "metrics.jsonl").stat().st_size,
+                "metrics_pushes": len((files / "metrics.jsonl").read_text().splitlines()),
+                "progress_bar_bytes": (files / "progress.txt").stat().st_size,
+                "counter_committed": result.metrics[COUNTER].committed,
+            }
+        result.release()
+    log(
+        f"  {label}: {run['rounds']} rounds, {total_s:.2f} s, median round "
+        f"{median(rounds):.3f} s, {jobs.jobs} jobs"
+    )
+    return run
+
+
+def main() -> None:
+    args = parse_args(__doc__.splitlines()[0])
+    if args.quick:
+        vertices, edge_target, rounds, repetitions = 2_000, 20_000, 10, 1
+    else:
+        vertices, edge_target, rounds, repetitions = 20_000, 200_000, 50, 6
+
+    spark = start_session()
+    n, edge_count, ranks0, edges = pagerank_inputs(spark, vertices, edge_target)
+    w = Workload(n, ranks0, edges, rounds)
+
+    log(f"warm-up: one run of each mode, {rounds} rounds")
+    for mode in MODES:
+        measure(spark, f"{mode} (warm-up)", mode, w)
+    log(f"{rounds} rounds, {repetitions} runs of each mode")
+    sequence = [mode for rep in range(repetitions) for mode in MODES[rep % 2 :] + MODES[: rep % 2]]
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    for mode in sequence:
+        runs[mode].append(measure(spark, mode, mode, w))
+
+    summary = {
+        mode: {
+            "total_s_median": median([r["total_s"] for r in rs]),
+            "round_s_median": median([median(r["round_s"]) for r in rs]),
+            "jobs_per_round": rs[0]["jobs"] / rs[0]["rounds"],
+        }
+        for mode, rs in runs.items()
+    }
+    on, off = summary["on"], summary["off"]
+    last_on = runs["on"][-1]
+    results = {
+        "target": TARGET,
+        "sequence": sequence,
+        "summary": summary,
+        "ratio_on_over_off": {
+            "total": on["total_s_median"] / off["total_s_median"],
+            "round_median": on["round_s_median"] / off["round_s_median"],
+        },
+        "extra_per_round_s": (on["total_s_median"] - off["total_s_median"]) / rounds,
+        "event_log_bytes": last_on["event_log_bytes"],
+        "metrics_file_bytes": last_on["metrics_file_bytes"],
+        "metrics_pushes": last_on["metrics_pushes"],
+        "progress_bar_bytes": last_on["progress_bar_bytes"],
+        "counter_committed": last_on["counter_committed"],
+        "runs": runs,
+    }
+    rows: list[tuple[str, Any]] = []
+    for mode in MODES:
+        s = summary[mode]
+        rows += [
+            (f"{mode}: total (s)", s["total_s_median"]),
+            (f"{mode}: median round, duration_s (s)", s["round_s_median"]),
+            (f"{mode}: jobs per round", s["jobs_per_round"]),
+        ]
+    rows += [
+        (f"on / off, total (target <= {TARGET})", results["ratio_on_over_off"]["total"]),
+        ("on / off, median round", results["ratio_on_over_off"]["round_median"]),
+        ("on - off, per round (s)", results["extra_per_round_s"]),
+        ("event log (bytes)", results["event_log_bytes"]),
+        (
+            "metrics file (bytes, pushes)",
+            f"{results['metrics_file_bytes']}, {results['metrics_pushes']}",
+        ),
+        ("progress bar output (bytes)", results["progress_bar_bytes"]),
+        (f"counter {COUNTER} (committed)", results["counter_committed"]),
+    ]
+    print_table(
+        f"PageRank {n} vertices / {edge_count} edges, {rounds} rounds (medians of "
+        f"{repetitions} runs)",
+        rows,
+    )
+    config = settings(
+        spark,
+        args.quick,
+        vertices=n,
+        edges=edge_count,
+        graph=f"random_graph(spark, {vertices}, {edge_target}, seed=1)",
+        body="pagerank_body(n)",
+        rounds=rounds,
+        repetitions=repetitions,
+        warm_up_rounds=rounds,
+        on=(
+            "run(progress=True, event_log=file), "
+            f"push_metrics(JsonLinesSink(file), every_s={PUSH_EVERY_S}), "
+            f"listener: itf.metrics.counter({COUNTER!r}).inc()"
+        ),
+        off="run(progress=False)",
+    )
+    write_result("bench_observability", args.quick, config, results)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
