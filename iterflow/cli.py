@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     pagerank.add_argument(
         "--master", default=None, help="Spark master URL (default: active session or local[*])"
     )
+    pagerank.add_argument(
+        "--event-log", metavar="PATH", default=None, help="append the run's events (JSON lines)"
+    )
     pagerank.set_defaults(run=run_pagerank_demo)
 
     report = commands.add_parser(
@@ -111,7 +114,10 @@ def run_pagerank_demo(args: argparse.Namespace) -> int:
     def report(ctx: itf.RoundEnd) -> None:
         p = ctx.progress
         change = "" if p.converged_value is None else f"  L1 change {p.converged_value:.3e}"
-        print(f"  round {p.epoch:3d}  {p.duration_s:6.2f} s{change}", flush=True)
+        left = ""
+        if p.rounds_remaining_estimate is not None and p.eta_s is not None:
+            left = f"  ~{p.rounds_remaining_estimate} rounds left, ETA {p.eta_s:.0f} s"
+        print(f"  round {p.epoch:3d}  {p.duration_s:6.2f} s{change}{left}", flush=True)
 
     started = time.perf_counter()
     result = pagerank(
@@ -120,6 +126,8 @@ def run_pagerank_demo(args: argparse.Namespace) -> int:
         tol=None if args.rounds else args.tol,
         max_rounds=args.rounds or args.max_rounds,
         listeners=(report,),
+        progress=False,  # the demo prints a line per round instead
+        event_log=args.event_log,
     )
     elapsed = time.perf_counter() - started
     print(
@@ -130,6 +138,8 @@ def run_pagerank_demo(args: argparse.Namespace) -> int:
     print("  vertex        rank")
     for row in top:
         print(f"  {row['id']:6d}  {row['rank']:.8f}")
+    if args.event_log:
+        print(f"event log: {args.event_log} (try: iterflow report {args.event_log})")
     result.release()
     edges.unpersist()
     return 0

@@ -11,6 +11,7 @@ Uses only ``iterflow``'s public names, like any user would.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -133,8 +134,12 @@ def pagerank(
     max_rounds: int = 100,
     alpha: float = ALPHA,
     listeners: tuple[object, ...] = (),
+    **run_options: Any,
 ) -> itf.IterationResult:
-    """Run PageRank to an L1 tolerance (or for ``max_rounds``); output ``ranks`` is (id, rank)."""
+    """Run PageRank to an L1 tolerance (or for ``max_rounds``); output ``ranks`` is (id, rank).
+
+    ``run_options`` go to ``run()``: ``progress=``, ``event_log=``.
+    """
     n = vertices.count()
     iteration = (
         itf.BoundedIteration(pagerank_body(n, alpha=alpha, tol=tol))
@@ -144,4 +149,4 @@ def pagerank(
     )
     for listener in listeners:
         iteration.listen(listener)
-    return iteration.run()
+    return iteration.run(**run_options)
