@@ -161,3 +161,18 @@ def test_a_sink_on_a_closed_port_warns_and_the_iteration_finishes(
     assert result.termination.reason == "feedback_empty"
     warned = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
     assert f"http-json http://127.0.0.1:{port}/m" in warned and "graphite" in warned
+
+
+def test_creating_a_metric_inside_a_task_is_an_error(spark: SparkSession) -> None:
+    @F.udf("long")
+    def creates(x):  # type: ignore[no-untyped-def]
+        itf.metrics.counter("made_on_an_executor").inc()
+        return x
+
+    @itf.body
+    def step(v: DataFrame, ctx: itf.RoundContext) -> itf.Declaration:
+        return itf.Declaration(outputs={"v": v.select(creates("x").alias("x"))})
+
+    with pytest.raises(itf.RoundError, match="epoch 0") as failure:
+        itf.BoundedIteration(step).bind("v", countdown(spark, 2)).run()
+    assert "created inside a Spark task" in str(failure.value.__cause__)
