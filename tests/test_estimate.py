@@ -144,6 +144,10 @@ def test_max_rounds_alone_gives_exactly_the_rounds_left() -> None:
         assert got == Estimate(9 - epoch, float(9 - epoch))
 
 
+def test_a_max_rounds_lowered_below_the_epoch_leaves_no_rounds() -> None:
+    assert call(3, [1.0] * 4, max_rounds=3) == Estimate(0, 0.0)
+
+
 def test_max_rounds_caps_a_slower_convergence() -> None:
     values = [halving(k) for k in range(5)]  # reaches 1e-3 at round 14
     assert estimate(values, 1e-3, max_rounds=10).rounds_remaining == 5
@@ -197,12 +201,11 @@ def call(
         (lambda: call(-1, []), "epoch is -1"),
         (lambda: call(1, [1.0], durations=[1.0, 1.0]), "values has 1 entries"),
         (lambda: call(1, [1.0, 0.5], durations=[1.0]), "durations has 1 entries"),
-        (lambda: call(3, [1.0] * 4, max_rounds=3), "past max_rounds=3"),
         (lambda: call(0, [1.0], tol=math.nan), "tol is nan"),
         (lambda: call(1, [1.0, math.inf]), "NaN or infinity"),
         (lambda: call(0, [1.0], durations=[-1.0]), "negative or non-finite"),
     ],
-    ids=["epoch", "values", "durations", "max_rounds", "tol", "value", "duration"],
+    ids=["epoch", "values", "durations", "tol", "value", "duration"],
 )
 def test_inconsistent_arguments_raise_value_error(
     bad_call: Callable[[], Estimate], message: str

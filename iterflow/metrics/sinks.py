@@ -41,7 +41,10 @@ class MetricsSink(abc.ABC):
         """Send ``snapshot``; raise if it could not be delivered."""
 
     def close(self) -> None:  # noqa: B027 (not abstract: most sinks hold nothing)
-        """Release what the sink holds; called once, after the final push."""
+        """Release what the sink holds (a server, a connection).
+
+        iterflow never calls it: sinks belong to their creator and may serve several runs.
+        """
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"

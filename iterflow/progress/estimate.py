@@ -59,7 +59,8 @@ def estimate_remaining(
         Estimate(rounds_remaining=4, eta_s=8.0)
     """
     _check(epoch, values, tol, max_rounds, durations)
-    bound = None if max_rounds is None else max_rounds - (epoch + 1)
+    # A body may lower its own max_rounds between rounds: then none remain.
+    bound = None if max_rounds is None else max(0, max_rounds - (epoch + 1))
     converging = None if tol is None else _rounds_to_tol(epoch, values, tol)
     known = [n for n in (bound, converging) if n is not None]
     if not known:
@@ -146,11 +147,6 @@ def _check(
                 f"{name} has {len(entries)} entries after epoch {epoch}; "
                 f"pass one per round run, {epoch + 1}"
             )
-    if max_rounds is not None and epoch >= max_rounds:
-        raise ValueError(
-            f"epoch {epoch} is past max_rounds={max_rounds}, which allows epochs "
-            f"0..{max_rounds - 1}"
-        )
     if tol is not None and not math.isfinite(tol):
         raise ValueError(f"tol is {tol}; pass a finite number or None")
     if any(v is not None and not math.isfinite(v) for v in values):
