@@ -232,6 +232,13 @@ def test_a_line_that_is_not_an_event_is_an_error_naming_its_line(log_path: Path)
         read_events(log_path)
 
 
+def test_a_partial_last_line_from_a_crash_is_left_out(log_path: Path) -> None:
+    whole = read_events(log_path)
+    text = log_path.read_text()
+    log_path.write_text(text + '{"event": "round_end", "time": "2025-')  # died mid-write
+    assert read_events(log_path) == whole
+
+
 def test_a_missing_log_is_an_error_naming_the_path(tmp_path: Path) -> None:
     with pytest.raises(IterflowError, match=r"cannot read event log '.*missing\.jsonl'"):
         read_events(tmp_path / "missing.jsonl")

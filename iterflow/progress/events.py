@@ -188,9 +188,16 @@ def read_events(path: str | os.PathLike[str], run_id: str | None = None) -> list
             f"cannot read event log '{path}': {error.strerror}; pass the file given as "
             "event_log= to run()"
         ) from None
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        # A process that died mid-write leaves a partial last line: keep what is whole.
+        try:
+            _parse_line(lines[-1], path, len(lines))
+        except IterflowValueError:
+            lines.pop()
     events = [
         _parse_line(line, path, number)
-        for number, line in enumerate(text.splitlines(), start=1)
+        for number, line in enumerate(lines, start=1)
         if line.strip()  # a trailing or hand-inserted blank line carries no event
     ]
     runs = ", ".join(f"'{run}'" for run in dict.fromkeys(e.get("run_id") for e in events))
