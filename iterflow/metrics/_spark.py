@@ -48,18 +48,35 @@ class _StatesParam(AccumulatorParam[dict[Key, State]]):
 
 
 class _AccumulatorRecorder:
-    """Records the updates of a metric unpickled inside a Spark task into the accumulator."""
+    """Records the updates of a metric unpickled inside a Spark task into the accumulator.
+
+    Called once per update, often once per row: the task's round tag is parsed
+    once per task, and states merge straight into the task-local value.
+    """
 
     def __init__(self, accumulator: Accumulator[dict[Key, State]]) -> None:
         self._accumulator = accumulator
+        # Python workers reuse one TaskContext object: the attempt id tells tasks apart.
+        self._attempt: int | None = None
+        self._round: tuple[str, int] | None = None
 
     def __call__(self, name: str, kind: Kind, state: State) -> None:
         context = TaskContext.get()
-        token = context.getLocalProperty(ROUND_PROPERTY) if context else None
-        if token is None:  # a job outside any run: values are per run
+        attempt = context.taskAttemptId() if context else None
+        if attempt is None or attempt != self._attempt:
+            self._attempt = attempt
+            token = context.getLocalProperty(ROUND_PROPERTY) if context else None
+            if token is None:
+                self._round = None
+            else:
+                run_id, epoch = token.rsplit(":", 1)
+                self._round = (run_id, int(epoch))
+        if self._round is None:  # a job outside any run: values are per run
             return
-        run_id, epoch = token.rsplit(":", 1)
-        self._accumulator.add({(run_id, int(epoch), name, kind): state})
+        key = (*self._round, name, kind)
+        values = self._accumulator._value  # this task's own value, sent when it ends
+        old = values.get(key)
+        values[key] = state if old is None else merge_state(kind, old, state)
 
 
 def _restore(name: str, kind: Kind, accumulator: Accumulator[dict[Key, State]]) -> Metric:
