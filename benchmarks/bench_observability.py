@@ -8,16 +8,21 @@ number of rounds (``itf.max_rounds``, no tolerance), so every run does the same
 work. The progress bar is drawn (``progress=True`` forces it) into a file that
 stands in for the terminal, like the event log and the metrics file. Runs
 alternate (the starting mode rotates every repetition) after one warm-up run of
-each, and the ratio is of medians. Target: on / off <= 1.05.
+each, and the ratio is of medians. Target: on / off <= 1.05. At the end, the
+observers' own driver-side work (an event-log line, a bar update, a sink push) is
+timed on its own by replaying the last "on" run's records without Spark.
 
     python benchmarks/bench_observability.py [--quick]
 """
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack, redirect_stderr
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -37,6 +42,9 @@ from pyspark.sql import DataFrame, SparkSession
 
 import iterflow as itf
 from iterflow.demo.pagerank import pagerank_body
+from iterflow.metrics import MetricsSnapshot
+from iterflow.progress.bar import ProgressBar
+from iterflow.progress.events import EventLog
 
 TARGET = 1.05
 MODES = ("off", "on")
@@ -53,11 +61,14 @@ class Workload(NamedTuple):
     rounds: int
 
 
-def run_once(w: Workload, mode: str, files: Path) -> tuple[float, itf.IterationResult]:
+def run_once(
+    w: Workload, mode: str, files: Path, inc_s: list[float]
+) -> tuple[float, itf.IterationResult]:
     """One run in ``mode``: its time (building the iteration and ``run()``) and its result.
 
     In "on" mode the event log, the metrics file and the progress bar's output go to
-    fresh files in ``files``.
+    fresh files in ``files``, and the listener appends the time of each ``inc()`` to
+    ``inc_s``.
     """
     it = (
         itf.BoundedIteration(pagerank_body(w.n))
@@ -73,23 +84,37 @@ def run_once(w: Workload, mode: str, files: Path) -> tuple[float, itf.IterationR
         bar = stack.enter_context((files / "progress.txt").open("w", encoding="utf-8"))
         stack.enter_context(redirect_stderr(bar))
         start = time.perf_counter()
-        rounds = itf.metrics.counter(COUNTER)
+        counter = itf.metrics.counter(COUNTER)
+
+        def count_round(_ctx: itf.RoundEnd) -> None:
+            clock = time.perf_counter()
+            counter.inc()
+            inc_s.append(time.perf_counter() - clock)
+
         result = (
             it.push_metrics(
                 itf.metrics.JsonLinesSink(files / "metrics.jsonl"), every_s=PUSH_EVERY_S
             )
-            .listen(lambda _ctx: rounds.inc())
+            .listen(count_round)
             .run(progress=True, event_log=files / "events.jsonl")
         )
         return time.perf_counter() - start, result
 
 
-def measure(spark: SparkSession, label: str, mode: str, w: Workload) -> dict[str, Any]:
+class Run(NamedTuple):
+    """The numbers of one run, and what the driver-side timings replay."""
+
+    numbers: dict[str, Any]
+    history: list[itf.RoundProgress]
+    metrics: dict[str, itf.metrics.MetricResult]
+
+
+def measure(spark: SparkSession, label: str, mode: str, w: Workload) -> Run:
     settle(spark)
     with tempfile.TemporaryDirectory(prefix="iterflow-bench-") as tmp:
         files = Path(tmp)
         with count_jobs(spark, f"observability-{mode}") as jobs:
-            total_s, result = run_once(w, mode, files)
+            total_s, result = run_once(w, mode, files, inc_s := [])
         rounds = [p.duration_s for p in result.history]
         run: dict[str, Any] = {
             "total_s": total_s,
@@ -104,13 +129,61 @@ def measure(spark: SparkSession, label: str, mode: str, w: Workload) -> dict[str
                 "metrics_pushes": len((files / "metrics.jsonl").read_text().splitlines()),
                 "progress_bar_bytes": (files / "progress.txt").stat().st_size,
                 "counter_committed": result.metrics[COUNTER].committed,
+                "counter_inc_s_median": median(inc_s),
             }
+        history, metrics = list(result.history), dict(result.metrics)
         result.release()
     log(
         f"  {label}: {run['rounds']} rounds, {total_s:.2f} s, median round "
         f"{median(rounds):.3f} s, {jobs.jobs} jobs"
     )
-    return run
+    return Run(run, history, metrics)
+
+
+def per_call_s(call: Callable[[], None], calls: int) -> float:
+    """Median over 5 batches of the time of one ``call()``."""
+    batches = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        batches.append((time.perf_counter() - start) / calls)
+    return median(batches)
+
+
+def driver_costs(iteration: str, on: Run, calls: int = 1000) -> dict[str, float]:
+    """What the "on" observers do on the driver per round (per push for the sink), no Spark.
+
+    Replays the last "on" run's RoundProgress records into an event log and a progress
+    bar (drawing into a file) and its metric totals into a ``JsonLinesSink``. The
+    counter's ``inc()`` needs an active run, so it is timed inside the runs only.
+    """
+    history = on.history
+    snapshot = MetricsSnapshot(
+        iteration=iteration,
+        run_id="bench",
+        time=datetime.now(timezone.utc),
+        epoch=history[-1].epoch,
+        final=False,
+        metrics=on.metrics,
+    )
+    with (
+        tempfile.TemporaryDirectory(prefix="iterflow-bench-") as tmp,
+        EventLog(Path(tmp) / "events.jsonl") as events,
+        (Path(tmp) / "progress.txt").open("w", encoding="utf-8") as out,
+    ):
+        records = itertools.cycle(history)
+        bar = ProgressBar(iteration, max_rounds=None, enabled=True, file=out)
+        sink = itf.metrics.JsonLinesSink(Path(tmp) / "metrics.jsonl")
+        costs = {
+            "event_log_line_s": per_call_s(
+                lambda: events.round_end(run_id="bench", progress=next(records)), calls
+            ),
+            "progress_bar_update_s": per_call_s(lambda: bar.round_end(next(records)), calls),
+            "sink_push_s": per_call_s(lambda: sink.push(snapshot), calls),
+        }
+        bar.close("done")
+    return costs
 
 
 def main() -> None:
@@ -129,9 +202,12 @@ def main() -> None:
         measure(spark, f"{mode} (warm-up)", mode, w)
     log(f"{rounds} rounds, {repetitions} runs of each mode")
     sequence = [mode for rep in range(repetitions) for mode in MODES[rep % 2 :] + MODES[: rep % 2]]
-    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    measured: dict[str, list[Run]] = {mode: [] for mode in MODES}
     for mode in sequence:
-        runs[mode].append(measure(spark, mode, mode, w))
+        measured[mode].append(measure(spark, mode, mode, w))
+    runs = {mode: [r.numbers for r in rs] for mode, rs in measured.items()}
+    log("driver-side cost of the observers, replayed without Spark")
+    driver = driver_costs(pagerank_body(n).name, measured["on"][-1])
 
     summary = {
         mode: {
@@ -157,8 +233,21 @@ def main() -> None:
         "metrics_pushes": last_on["metrics_pushes"],
         "progress_bar_bytes": last_on["progress_bar_bytes"],
         "counter_committed": last_on["counter_committed"],
+        "driver_costs": {
+            **driver,
+            "counter_inc_s": median([r["counter_inc_s_median"] for r in runs["on"]]),
+        },
         "runs": runs,
     }
+    costs = results["driver_costs"]
+    # Per round: one event-log line, one bar update, one inc(); plus the sink's pushes.
+    costs["per_round_s"] = (
+        costs["event_log_line_s"]
+        + costs["progress_bar_update_s"]
+        + costs["counter_inc_s"]
+        + costs["sink_push_s"] * last_on["metrics_pushes"] / rounds
+    )
+    costs["per_round_over_off_round"] = costs["per_round_s"] / off["round_s_median"]
     rows: list[tuple[str, Any]] = []
     for mode in MODES:
         s = summary[mode]
@@ -178,6 +267,12 @@ def main() -> None:
         ),
         ("progress bar output (bytes)", results["progress_bar_bytes"]),
         (f"counter {COUNTER} (committed)", results["counter_committed"]),
+        ("driver: event-log line (us)", costs["event_log_line_s"] * 1e6),
+        ("driver: progress bar update (us)", costs["progress_bar_update_s"] * 1e6),
+        ("driver: counter inc() in the listener (us)", costs["counter_inc_s"] * 1e6),
+        ("driver: sink push (us)", costs["sink_push_s"] * 1e6),
+        ("driver: all of it, per round (us)", costs["per_round_s"] * 1e6),
+        ("driver: per round / off median round", costs["per_round_over_off_round"]),
     ]
     print_table(
         f"PageRank {n} vertices / {edge_count} edges, {rounds} rounds (medians of "
