@@ -16,7 +16,9 @@ from iterflow.errors import IterflowTypeError, IterflowValueError
 from iterflow.metrics.pusher import validate_interval
 from iterflow.metrics.sinks import MetricsSink
 from iterflow.progress.listeners import ListenerSet
+from iterflow.runtime.checkpoint import Checkpointing, CheckpointOptions, fingerprint
 from iterflow.runtime.observers import ObserverOptions, RunObservers
+from iterflow.runtime.schema import describe_inputs
 from iterflow.runtime.session import session_of
 from iterflow.termination import Condition
 
@@ -117,6 +119,11 @@ class BoundedIteration:
         spark: SparkSession | None = None,
         progress: bool | None = None,
         event_log: str | os.PathLike[str] | None = None,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        checkpoint_every: int = 10,
+        checkpoint_async: bool = True,
+        checkpoint_keep: int = 2,
+        resume: bool = True,
     ) -> IterationResult:
         """Run rounds until a termination condition holds; return the result.
 
@@ -125,6 +132,15 @@ class BoundedIteration:
         ``progress`` shows a progress bar on stderr (default: when it is a
         terminal); ``event_log`` appends the run's events to a JSON-lines file
         (see docs/events.md).
+
+        ``checkpoint_dir`` (any path Spark can write: local, ``hdfs://``,
+        ``s3a://``) makes the run durable: every ``checkpoint_every`` rounds and
+        after the last one, the variables and the driver-side state are written
+        there (in the background unless ``checkpoint_async=False``), keeping the
+        newest ``checkpoint_keep``. A later ``run()`` with the same directory and
+        the same body and inputs resumes after the last committed epoch;
+        ``resume=False`` deletes those checkpoints and starts over. See
+        docs/checkpoints.md.
         """
         if progress is not None and not isinstance(progress, bool):
             raise IterflowTypeError(
@@ -146,6 +162,19 @@ class BoundedIteration:
         }
         replay = {name for name, b in self._bindings.items() if b.replay}
         options = ObserverOptions(progress=progress, event_log=event_log, sinks=tuple(self._sinks))
+        checkpointing = None
+        if checkpoint_dir is not None:
+            checkpointing = Checkpointing(
+                active,
+                CheckpointOptions(
+                    directory=os.fspath(checkpoint_dir),
+                    every=_at_least_one("checkpoint_every", checkpoint_every),
+                    asynchronous=bool(checkpoint_async),
+                    keep=_at_least_one("checkpoint_keep", checkpoint_keep),
+                    resume=bool(resume),
+                ),
+                fingerprint(self._body.name, describe_inputs(inputs, replay)),
+            )
         loop = RoundLoop(
             body=self._body,
             inputs={name: inputs[name] for name in self._input_names},
@@ -158,8 +187,17 @@ class BoundedIteration:
                 options=options,
                 static_conditions=self._conditions,
             ),
+            checkpointing=checkpointing,
         )
         return loop.run()
+
+
+def _at_least_one(option: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise IterflowTypeError(f"run({option}=...) takes an int, got {value!r}")
+    if value < 1:
+        raise IterflowValueError(f"run({option}={value}): pass 1 or more")
+    return value
 
 
 def _to_dataframe(spark: SparkSession, name: str, data: Any) -> DataFrame:

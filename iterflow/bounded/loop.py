@@ -29,6 +29,7 @@ from iterflow.errors import (
 )
 from iterflow.progress.listeners import Emitter, IterationEnd, ListenerSet, RoundEnd
 from iterflow.progress.round import RoundProgress
+from iterflow.runtime.checkpoint import Checkpoint, Checkpointing, DriverState
 from iterflow.runtime.materialize import Materialized, materialize, persist_owned, release
 from iterflow.runtime.observers import RunObservers
 from iterflow.runtime.schema import is_numeric, schema_differences
@@ -37,6 +38,7 @@ from iterflow.termination import (
     Condition,
     Converged,
     Empty,
+    MaxRounds,
     Termination,
     check_converged_value,
     decide,
@@ -79,9 +81,11 @@ class RoundLoop:
         conditions: tuple[Condition, ...],
         listeners: ListenerSet,
         observers: RunObservers,
+        checkpointing: Checkpointing | None = None,
     ) -> None:
         self.body = body
         self.observers = observers
+        self.checkpointing = checkpointing
         self.inputs = dict(inputs)
         self.replay = replay
         self.conditions = tuple(flatten(conditions))
@@ -96,28 +100,37 @@ class RoundLoop:
         self.held: list[DataFrame] = []
         # Inputs iterflow persisted at the start (data inputs and round-0 variables).
         self.owned_inputs: dict[str, DataFrame] = {}
+        # The first epoch this run computes: 0, or the one after a restored checkpoint.
+        self.start = 0
 
     # -- the loop --------------------------------------------------------------
 
     def run(self) -> IterationResult:
-        self.observers.started(self.inputs, self.replay, self.conditions)
-        for name, df in self.inputs.items():
+        restored = self.checkpointing.restore() if self.checkpointing else None
+        resumed_from = restored.epoch if restored else None
+        self.observers.started(self.inputs, self.replay, self.conditions, resumed_from)
+        if restored is not None and restored.final and not self._extends(restored):
+            return self._finished(restored)
+        current = self._resume(restored) if restored else dict(self.inputs)
+        for name, df in current.items():
             if name not in self.replay and persist_owned(df):
                 self.owned_inputs[name] = df
-        current = dict(self.inputs)
         kept: dict[str, DataFrame] = {}
-        epoch = 0
+        epoch = self.start
         try:
             while True:
                 with self.observers.round(epoch):
                     current, outputs, termination = self._round(epoch, current)
                     if termination is not None:
                         # Listener updates at the end count toward the last round.
-                        result = self._terminate(epoch, termination, outputs)
+                        result = self._terminate(epoch, termination, current, outputs)
                         kept = outputs
+                        result.resumed_from = resumed_from
                         return result
                 epoch += 1
         except BaseException as exc:
+            if self.checkpointing is not None:
+                self.checkpointing.settle()
             self.observers.failed(epoch, exc)
             raise
         finally:
@@ -127,7 +140,11 @@ class RoundLoop:
                 self._release_all(keep=kept)
 
     def _terminate(
-        self, epoch: int, termination: Termination, outputs: dict[str, DataFrame]
+        self,
+        epoch: int,
+        termination: Termination,
+        current: dict[str, DataFrame],
+        outputs: dict[str, DataFrame],
     ) -> IterationResult:
         end = IterationEnd(
             termination=termination,
@@ -138,13 +155,79 @@ class RoundLoop:
             emitter=self.emitter,
         )
         self.listeners.iteration_terminated(end, partial(_fail, epoch))
+        metrics = self.observers.terminated(termination, epoch + 1)
+        if self.checkpointing is not None:
+            # The final epoch is flushed before run() returns, with its outputs.
+            self.checkpointing.write(
+                epoch, self._driver_state(termination), self._variables(current), outputs
+            )
+            self.checkpointing.wait()
         return IterationResult(
             outputs=outputs,
             rounds=epoch + 1,
             termination=termination,
             history=list(self.history),
             emitted={k: list(v) for k, v in self.emitter.values.items()},
-            metrics=self.observers.terminated(termination, epoch + 1),
+            metrics=metrics,
+        )
+
+    # -- checkpoints -------------------------------------------------------------
+
+    def _driver_state(self, termination: Termination | None) -> DriverState:
+        return DriverState(
+            variable_names=self.variable_names or (),
+            state=self.state,
+            listeners=self.listeners.state(),
+            emitted=self.emitter.values,
+            history=self.history,
+            metrics=self.observers.metrics.export(),
+            termination=termination,
+        )
+
+    def _variables(self, current: Mapping[str, DataFrame]) -> dict[str, DataFrame]:
+        return {name: current[name] for name in self.variable_names or ()}
+
+    def _resume(self, checkpoint: Checkpoint) -> dict[str, DataFrame]:
+        """Restore the driver state of ``checkpoint``; the inputs of its next round."""
+        driver = checkpoint.driver
+        self.start = checkpoint.epoch + 1
+        self.variable_names = tuple(driver.variable_names)
+        self.state.update(driver.state)
+        self.listeners.load_state(driver.listeners)
+        self.emitter.values.update({k: list(v) for k, v in driver.emitted.items()})
+        self.history.extend(driver.history)
+        self.observers.metrics.restore(driver.metrics)
+        variables = {name: self._aligned(name, df) for name, df in checkpoint.variables.items()}
+        return {**self._data_inputs(), **variables}
+
+    def _extends(self, checkpoint: Checkpoint) -> bool:
+        """True when a finished checkpoint continues: it stopped on max_rounds only, and
+        the static max_rounds is larger now ("train 100 more rounds")."""
+        termination = checkpoint.driver.termination
+        bounds = [c.n for c in self.conditions if isinstance(c, MaxRounds)]
+        return (
+            tuple(termination.reasons) == ("max_rounds",)
+            and bool(bounds)
+            and (min(bounds) > checkpoint.epoch + 1)
+        )
+
+    def _finished(self, checkpoint: Checkpoint) -> IterationResult:
+        """The result of a finished run, read back from its final checkpoint."""
+        driver = checkpoint.driver
+        self.listeners.load_state(driver.listeners)
+        self.observers.metrics.restore(driver.metrics)
+        try:
+            metrics = self.observers.terminated(driver.termination, checkpoint.epoch + 1)
+        finally:
+            self.observers.close()
+        return IterationResult(
+            outputs=checkpoint.outputs,
+            rounds=checkpoint.epoch + 1,
+            termination=driver.termination,
+            history=list(driver.history),
+            emitted={k: list(v) for k, v in driver.emitted.items()},
+            metrics=metrics,
+            resumed_from=checkpoint.epoch,
         )
 
     def _round(
@@ -228,13 +311,17 @@ class RoundLoop:
 
         # Round k is complete: release what round k-1 held and this round's caches.
         self.caches.release("round")
+        if self.checkpointing is not None:
+            self.checkpointing.wait()  # a pending write may still read round k-1's data
         finished, self.held = self.held[: len(self.held) - len(produced)], produced
         for df in finished:
             release(df)
-        if epoch == 0:
+        if epoch == self.start:
             for name in self.variable_names or ():
                 if name in self.owned_inputs:
                     self.owned_inputs.pop(name).unpersist(blocking=False)
+        if self.checkpointing is not None and termination is None and self.checkpointing.due(epoch):
+            self.checkpointing.write(epoch, self._driver_state(None), next_vars)
         return {**self._data_inputs(), **next_vars}, materialized_outputs, termination
 
     # -- helpers ---------------------------------------------------------------

@@ -208,6 +208,8 @@ class RunMetrics:
         self._sealed: dict[int, tuple[bool, dict[tuple[str, Kind], State]]] = {}
         self._committed: dict[str, State] = {}
         self._attempted: dict[str, State] = {}
+        # Committed totals restored from a checkpoint, before any sealed round.
+        self._base_committed: dict[str, State] = {}
 
     # -- recording ---------------------------------------------------------------
 
@@ -247,7 +249,7 @@ class RunMetrics:
             for e in redone:
                 self._sealed[e] = (False, self._sealed[e][1])
             if redone:
-                self._committed = {}
+                self._committed = dict(self._base_committed)
                 for completed, states in self._sealed.values():
                     if completed:
                         self._fold(self._committed, states)
@@ -257,6 +259,34 @@ class RunMetrics:
         with self._lock:
             self._seal(lambda e: True)
             return self._totals({}, {})
+
+    def export(self) -> dict[str, Any]:
+        """The committed and attempted states so far, for a durable checkpoint."""
+        executor = self._executor_states()
+        with self._lock:
+            committed = dict(self._committed)
+            attempted = dict(self._attempted)
+            for epoch, round_ in self._rounds.items():
+                states = self._epoch_states(epoch, executor)
+                self._fold(attempted, states)
+                if round_.completed:
+                    self._fold(committed, states)
+            return {
+                "kinds": dict(self._kinds),
+                "committed": committed,
+                "attempted": attempted,
+                "last_completed": self._last_completed,
+            }
+
+    def restore(self, exported: Mapping[str, Any]) -> None:
+        """Continue from a checkpoint's ``export()``: its totals are this run's base."""
+        with self._lock:
+            for name, kind in exported["kinds"].items():
+                self._kinds.setdefault(name, kind)
+            self._committed = dict(exported["committed"])
+            self._base_committed = dict(exported["committed"])
+            self._attempted = dict(exported["attempted"])
+            self._last_completed = exported["last_completed"]
 
     # -- reading -----------------------------------------------------------------
 

@@ -69,6 +69,12 @@ class ProgressBar:
     def enabled(self) -> bool:
         return self._bar is not None
 
+    def resume(self, rounds: int) -> None:
+        """Count ``rounds`` restored from a checkpoint as done."""
+        if self._bar is not None:
+            self._bar.n = self._bar.last_print_n = rounds
+            self._bar.refresh()
+
     def round_end(self, progress: RoundProgress, *, max_rounds: int | None = None) -> None:
         """Count round ``progress.epoch`` done; ``max_rounds`` updates the total (a body's
         own ``until`` is known only once it has run)."""

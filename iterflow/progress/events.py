@@ -104,6 +104,7 @@ class EventLog:
         iteration: str,
         inputs: Mapping[str, Mapping[str, Any]],
         conditions: Sequence[Mapping[str, Any]],
+        resumed_from: int | None = None,
     ) -> None:
         """The run began: body name, inputs (name -> {"schema", "replay"}) and conditions."""
         self._write(
@@ -112,6 +113,7 @@ class EventLog:
             iteration=iteration,
             inputs={name: dict(spec) for name, spec in inputs.items()},
             conditions=[dict(condition) for condition in conditions],
+            resumed_from=resumed_from,
             iterflow_version=_iterflow_version(),
         )
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from iterflow.errors import IterflowTypeError
+from iterflow.errors import IterflowTypeError, IterflowValueError
 from iterflow.progress.round import RoundProgress
 
 
@@ -119,6 +119,42 @@ class ListenerSet:
 
     def __len__(self) -> int:
         return len(self._registrations)
+
+    def state(self) -> dict[int, tuple[str, Any]]:
+        """Registration index -> (name, state) of each listener object, for a checkpoint.
+
+        A listener's ``state_dict()`` when it defines one, else a copy of its
+        ``__dict__``. Plain functions and per-round instances carry no state.
+        """
+        states: dict[int, Any] = {}
+        for index, registration in enumerate(self._registrations):
+            listener = registration.target
+            if registration.per_round or not _is_listener(listener):
+                continue
+            if callable(getattr(listener, "state_dict", None)):
+                state = listener.state_dict()
+            else:
+                state = dict(vars(listener))
+            states[index] = (listener_name(listener), state)
+        return states
+
+    def load_state(self, states: Mapping[int, tuple[str, Any]]) -> None:
+        """Restore ``state()`` into the listener objects registered now, in place."""
+        for index, (name, state) in states.items():
+            listener = (
+                self._registrations[index].target if index < len(self._registrations) else None
+            )
+            if listener is None or listener_name(listener) != name:
+                found = "none" if listener is None else f"'{listener_name(listener)}'"
+                raise IterflowValueError(
+                    f"the checkpoint holds the state of listener #{index + 1} '{name}', but "
+                    f"listener #{index + 1} now is {found}; listen() with the same listeners, "
+                    "in the same order, to resume"
+                )
+            if callable(getattr(listener, "load_state_dict", None)):
+                listener.load_state_dict(state)
+            else:
+                vars(listener).update(state)
 
     def round_end(self, ctx: RoundEnd, on_error: Callable[[str, BaseException], None]) -> None:
         """Dispatch ``on_round_end``; ``on_error(name, exc)`` turns a failure into a round error."""

@@ -100,3 +100,64 @@ def observation_ready(observation: Observation) -> bool:
 def persistent_rdd_ids(spark: SparkSession) -> list[int]:
     """Ids of the RDDs the session's SparkContext holds persisted (cached or checkpointed)."""
     return sorted(int(i) for i in spark.sparkContext._jsc.getPersistentRDDs().keySet().toArray())
+
+
+class HadoopFiles:
+    """Small files and directories on any Hadoop file system (local, HDFS, S3A, ...).
+
+    Used by durable checkpoints for what Spark's writers do not cover: the
+    manifest, driver state and commit marker, listing and deleting epochs.
+    """
+
+    def __init__(self, spark: SparkSession) -> None:
+        context: Any = spark.sparkContext
+        self._jvm = context._jvm
+        self._conf = context._jsc.hadoopConfiguration()
+
+    def _path(self, path: str) -> Any:
+        return self._jvm.org.apache.hadoop.fs.Path(path)
+
+    def _fs(self, path: str) -> Any:
+        return self._path(path).getFileSystem(self._conf)
+
+    def qualify(self, path: str) -> str:
+        """``path`` with its scheme (``file:``, ``hdfs:``, ...), as Spark resolves it."""
+        return str(self._fs(path).makeQualified(self._path(path)).toString())
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        stream = self._fs(path).create(self._path(path), True)
+        try:
+            stream.write(bytearray(data))
+        finally:
+            stream.close()
+
+    def read_bytes(self, path: str) -> bytes:
+        stream = self._fs(path).open(self._path(path))
+        try:
+            # py4j returns a Java byte[] as Python bytes (a copy).
+            return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+        finally:
+            stream.close()
+
+    def exists(self, path: str) -> bool:
+        return bool(self._fs(path).exists(self._path(path)))
+
+    def children(self, path: str) -> list[str]:
+        """Names of the entries directly under ``path`` (none when it does not exist)."""
+        if not self.exists(path):
+            return []
+        return [str(s.getPath().getName()) for s in self._fs(path).listStatus(self._path(path))]
+
+    def file_sizes(self, path: str) -> dict[str, int]:
+        """Relative path -> size of every file under the directory ``path``."""
+        root = self._fs(path).makeQualified(self._path(path)).toString()
+        found = self._fs(path).listFiles(self._path(path), True)
+        sizes: dict[str, int] = {}
+        while found.hasNext():
+            status = found.next()
+            full = str(status.getPath().toString())
+            sizes[full[len(root) :].lstrip("/")] = int(status.getLen())
+        return sizes
+
+    def delete(self, path: str) -> None:
+        self._fs(path).delete(self._path(path), True)

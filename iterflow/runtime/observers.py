@@ -26,6 +26,7 @@ from iterflow.progress.bar import ProgressBar
 from iterflow.progress.estimate import estimate_remaining
 from iterflow.progress.events import EventLog
 from iterflow.progress.round import RoundProgress
+from iterflow.runtime.schema import describe_inputs
 from iterflow.runtime.session import spark_context
 from iterflow.termination import Condition, Converged, MaxRounds, Termination
 
@@ -37,11 +38,6 @@ class ObserverOptions:
     progress: bool | None = None
     event_log: str | os.PathLike[str] | None = None
     sinks: tuple[tuple[MetricsSink, float], ...] = ()
-
-
-def schema_ddl(df: DataFrame) -> str:
-    """``df``'s schema as DDL, e.g. ``"id BIGINT, rank DOUBLE"``."""
-    return ", ".join(f"{f.name} {f.dataType.simpleString().upper()}" for f in df.schema.fields)
 
 
 def max_rounds_of(conditions: Sequence[Condition]) -> int | None:
@@ -86,15 +82,17 @@ class RunObservers:
         inputs: Mapping[str, DataFrame],
         replay: set[str],
         conditions: Sequence[Condition],
+        resumed_from: int | None = None,
     ) -> None:
+        """The run starts, at round 0 or after the checkpoint of epoch ``resumed_from``."""
+        if resumed_from is not None:
+            self._bar.resume(resumed_from + 1)
         if self._log is not None:
             self._log.iteration_started(
                 run_id=self.run_id,
                 iteration=self.iteration,
-                inputs={
-                    name: {"schema": schema_ddl(df), "replay": name in replay}
-                    for name, df in inputs.items()
-                },
+                resumed_from=resumed_from,
+                inputs=describe_inputs(inputs, replay),
                 conditions=[c.describe() for c in conditions],
             )
 

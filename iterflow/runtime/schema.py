@@ -1,9 +1,11 @@
-"""Schema comparison for feedback against its input: names and types, nullability ignored."""
+"""Schemas: feedback compared with its input (nullability ignored), and described as DDL."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import Any
 
+from pyspark.sql import DataFrame
 from pyspark.sql.types import ArrayType, DataType, MapType, NumericType, StructField, StructType
 
 
@@ -48,3 +50,18 @@ def schema_differences(expected: StructType, actual: StructType) -> list[str]:
 
 def is_numeric(data_type: Any) -> bool:
     return isinstance(data_type, NumericType)
+
+
+def schema_ddl(schema: StructType) -> str:
+    """``schema`` as DDL, e.g. ``"id BIGINT, rank DOUBLE"``."""
+    return ", ".join(f"{f.name} {f.dataType.simpleString().upper()}" for f in schema.fields)
+
+
+def describe_inputs(
+    inputs: Mapping[str, DataFrame], replay: Collection[str]
+) -> dict[str, dict[str, Any]]:
+    """Input name -> ``{"schema": DDL, "replay": bool}``, as event logs and checkpoints keep it."""
+    return {
+        name: {"schema": schema_ddl(df.schema), "replay": name in replay}
+        for name, df in inputs.items()
+    }

@@ -1,0 +1,390 @@
+"""Durable checkpoints of a run: one directory per committed epoch, written off the critical path.
+
+Layout under ``checkpoint_dir``::
+
+    epoch-00000007/
+        variables/<name>/    parquet, one dataset per variable
+        outputs/<name>/      parquet, only in the checkpoint of the final epoch
+        driver.pkl           ctx.state, listener states, emitted values, history,
+                             committed metrics (cloudpickle)
+        manifest.json        fingerprint, epoch, every file and its size, driver.pkl's sha256
+        _COMMITTED           sha256 of manifest.json, written last
+
+An epoch directory without a ``_COMMITTED`` marker that matches its manifest,
+or whose files differ from the manifest (a truncated write), does not exist
+for resuming. Older epochs are deleted only after a newer one has committed.
+Checkpoint directories are trusted input: they hold pickles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+from pyspark import InheritableThread
+from pyspark.cloudpickle import dumps, loads
+from pyspark.sql import DataFrame, SparkSession
+
+from iterflow.errors import IterflowError, IterflowValueError, IterflowWarning
+from iterflow.runtime.jvm import HadoopFiles
+from iterflow.runtime.session import spark_context
+
+FORMAT = 1
+MARKER = "_COMMITTED"
+MANIFEST = "manifest.json"
+DRIVER = "driver.pkl"
+_EPOCH_DIR = re.compile(r"epoch-(\d{8})\Z")
+
+
+def epoch_dir(epoch: int) -> str:
+    return f"epoch-{epoch:08d}"
+
+
+def fingerprint(iteration: str, inputs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """What identifies an iteration across runs: body name, input names, schemas, replay.
+
+    Termination conditions are left out on purpose, so a finished run can be
+    resumed with a larger ``max_rounds``.
+    """
+    return {
+        "format": FORMAT,
+        "iteration": iteration,
+        "inputs": {k: dict(v) for k, v in inputs.items()},
+    }
+
+
+def fingerprint_differences(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """What differs between two fingerprints, in words; empty when they match."""
+    problems: list[str] = []
+    if stored.get("format") != current["format"]:
+        problems.append(f"checkpoint format {stored.get('format')} vs {current['format']}")
+    if stored.get("iteration") != current["iteration"]:
+        problems.append(f"body '{stored.get('iteration')}' vs '{current['iteration']}'")
+    old, new = stored.get("inputs", {}), current["inputs"]
+    for name in sorted(set(old) - set(new)):
+        problems.append(f"input '{name}' is gone")
+    for name in sorted(set(new) - set(old)):
+        problems.append(f"input '{name}' is new")
+    for name in sorted(set(old) & set(new)):
+        if old[name].get("schema") != new[name]["schema"]:
+            problems.append(
+                f"input '{name}' schema ({old[name].get('schema')}) vs ({new[name]['schema']})"
+            )
+        if old[name].get("replay") != new[name]["replay"]:
+            problems.append(
+                f"input '{name}' replay={old[name].get('replay')} vs {new[name]['replay']}"
+            )
+    return problems
+
+
+@attrs.frozen(kw_only=True)
+class DriverState:
+    """What a run holds on the driver at the end of a round, snapshot for a checkpoint."""
+
+    variable_names: tuple[str, ...]
+    state: dict[str, Any]
+    listeners: dict[int, tuple[str, Any]]
+    emitted: dict[str, list[Any]]
+    history: list[Any]  # RoundProgress
+    metrics: dict[str, Any]  # RunMetrics.export()
+    termination: Any  # Termination of the final epoch, else None
+
+
+@attrs.frozen(kw_only=True)
+class Checkpoint:
+    """A committed epoch, read back: DataFrames over its parquet files and the driver state."""
+
+    epoch: int
+    fingerprint: dict[str, Any]
+    variables: dict[str, DataFrame]
+    outputs: dict[str, DataFrame]
+    driver: DriverState
+
+    @property
+    def final(self) -> bool:
+        return self.driver.termination is not None
+
+
+def snapshot(driver: DriverState, epoch: int) -> bytes:
+    """``driver`` pickled now, at the round boundary, so later rounds cannot change it."""
+    try:
+        return bytes(dumps(driver))
+    except Exception as exc:
+        keys = ", ".join(f"'{k}'" for k in driver.state) or "none"
+        raise IterflowValueError(
+            f"epoch {epoch}: the checkpoint cannot pickle the driver state ({exc}); keep "
+            f"ctx.state (keys {keys}) and listener state picklable, or define "
+            "state_dict()/load_state_dict() on the listener"
+        ) from exc
+
+
+class CheckpointStore:
+    """Reads and writes the checkpoints under ``root`` (any Hadoop file system path)."""
+
+    def __init__(self, spark: SparkSession, root: str, *, keep: int = 2) -> None:
+        if spark_context(spark) is None:
+            raise IterflowError(
+                "checkpoint_dir needs a classic SparkSession for now; under Spark Connect "
+                "run without checkpoint_dir"
+            )
+        self.spark = spark
+        self.files = HadoopFiles(spark)
+        self.root = self.files.qualify(str(root)).rstrip("/")
+        self.keep = keep
+
+    def _path(self, *parts: str) -> str:
+        return "/".join((self.root, *parts))
+
+    def epochs(self) -> list[int]:
+        """Epochs that have a directory, committed or not, in increasing order."""
+        found = (_EPOCH_DIR.match(name) for name in self.files.children(self.root))
+        return sorted(int(m.group(1)) for m in found if m)
+
+    # -- reading -------------------------------------------------------------------
+
+    def latest(self) -> Checkpoint | None:
+        """The newest valid checkpoint; invalid newer ones are skipped with a warning."""
+        for epoch in reversed(self.epochs()):
+            problem = self._problem(epoch)
+            if problem is None:
+                return self._read(epoch)
+            warnings.warn(
+                f"checkpoint epoch {epoch} in '{self.root}' is not usable ({problem}); "
+                "trying an older one",
+                IterflowWarning,
+                stacklevel=5,  # the user's run() call
+            )
+        return None
+
+    def _manifest(self, epoch: int) -> tuple[bytes, dict[str, Any]]:
+        raw = self.files.read_bytes(self._path(epoch_dir(epoch), MANIFEST))
+        return raw, json.loads(raw)
+
+    def _problem(self, epoch: int) -> str | None:
+        """Why epoch ``epoch`` cannot be resumed from, or None when it can."""
+        base = self._path(epoch_dir(epoch))
+        if not self.files.exists(f"{base}/{MARKER}"):
+            return "no commit marker: its write did not finish"
+        try:
+            raw, manifest = self._manifest(epoch)
+            marker = self.files.read_bytes(f"{base}/{MARKER}").decode()
+        except Exception as exc:
+            return f"unreadable manifest or marker: {exc}"
+        if marker != hashlib.sha256(raw).hexdigest():
+            return "the commit marker does not match the manifest"
+        sizes = self.files.file_sizes(base)
+        for name, size in manifest["files"].items():
+            if sizes.get(name) != size:
+                return f"file '{name}' has {sizes.get(name)} bytes, the manifest says {size}"
+        driver = self.files.read_bytes(f"{base}/{DRIVER}")
+        if hashlib.sha256(driver).hexdigest() != manifest["driver_sha256"]:
+            return f"{DRIVER} does not match its checksum"
+        return None
+
+    def _read(self, epoch: int) -> Checkpoint:
+        base = self._path(epoch_dir(epoch))
+        _, manifest = self._manifest(epoch)
+        driver: DriverState = loads(self.files.read_bytes(f"{base}/{DRIVER}"))
+        read = self.spark.read.parquet
+        return Checkpoint(
+            epoch=epoch,
+            fingerprint=manifest["fingerprint"],
+            variables={n: read(f"{base}/variables/{n}") for n in manifest["variables"]},
+            outputs={n: read(f"{base}/outputs/{n}") for n in manifest["outputs"]},
+            driver=driver,
+        )
+
+    # -- writing -------------------------------------------------------------------
+
+    def write(
+        self,
+        epoch: int,
+        *,
+        fingerprint: Mapping[str, Any],
+        variables: Mapping[str, DataFrame],
+        outputs: Mapping[str, DataFrame],
+        driver: bytes,
+    ) -> None:
+        """Write epoch ``epoch`` and commit it; then delete epochs beyond ``keep``."""
+        base = self._path(epoch_dir(epoch))
+        self.files.delete(base)  # what an interrupted earlier write left
+        for kind, frames in (("variables", variables), ("outputs", outputs)):
+            for name, df in frames.items():
+                df.write.mode("overwrite").parquet(f"{base}/{kind}/{name}")
+        self.files.write_bytes(f"{base}/{DRIVER}", driver)
+        manifest = {
+            "format": FORMAT,
+            "epoch": epoch,
+            "fingerprint": dict(fingerprint),
+            "variables": sorted(variables),
+            "outputs": sorted(outputs),
+            "files": self.files.file_sizes(base),
+            "driver_sha256": hashlib.sha256(driver).hexdigest(),
+        }
+        raw = json.dumps(manifest, sort_keys=True).encode()
+        self.files.write_bytes(f"{base}/{MANIFEST}", raw)
+        self.files.write_bytes(f"{base}/{MARKER}", hashlib.sha256(raw).hexdigest().encode())
+        self._prune(epoch)
+
+    def _prune(self, committed: int) -> None:
+        older = [e for e in self.epochs() if e < committed]
+        committed_older = [e for e in older if self.files.exists(self._path(epoch_dir(e), MARKER))]
+        keep = set(committed_older[-(self.keep - 1) :]) if self.keep > 1 else set()
+        for epoch in older:
+            if epoch not in keep:
+                self.files.delete(self._path(epoch_dir(epoch)))
+
+    def clear(self) -> None:
+        """Delete every epoch directory (an explicit fresh start)."""
+        for epoch in self.epochs():
+            self.files.delete(self._path(epoch_dir(epoch)))
+
+
+class CheckpointWriter:
+    """Runs checkpoint writes on a background thread, at most one pending at a time.
+
+    The thread is a PySpark ``InheritableThread``: Spark job properties of the
+    loop's thread (the round tag metrics use) follow it, and its jobs run in the
+    ``iterflow-checkpoint`` scheduler pool. With ``asynchronous=False`` writes
+    run on the caller's thread.
+    """
+
+    def __init__(self, spark: SparkSession, *, asynchronous: bool) -> None:
+        self._spark = spark
+        self._asynchronous = asynchronous
+        self._thread: threading.Thread | None = None
+        self._epoch: int | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def pending(self) -> int | None:
+        """The epoch being written, or None."""
+        return self._epoch if self._thread is not None else None
+
+    def submit(self, epoch: int, write: Callable[[], None]) -> None:
+        """Start writing epoch ``epoch``; waits for the pending write first."""
+        self.wait()
+        if not self._asynchronous:
+            self._run(epoch, write)
+            self._raise()
+            return
+        self._epoch = epoch
+        self._thread = InheritableThread(
+            target=self._run, args=(epoch, write), name=f"iterflow-checkpoint-{epoch}"
+        )
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Block until the pending write committed; raise its error if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._raise()
+
+    def _run(self, epoch: int, write: Callable[[], None]) -> None:
+        context: Any = spark_context(self._spark)
+        pool = context.getLocalProperty("spark.scheduler.pool")
+        context.setLocalProperty("spark.scheduler.pool", "iterflow-checkpoint")
+        context.setJobDescription(f"iterflow checkpoint of epoch {epoch}")
+        try:
+            write()
+        except BaseException as exc:
+            self._error = IterflowError(
+                f"the checkpoint of epoch {epoch} failed ({type(exc).__name__}: {exc}); "
+                "earlier checkpoints are intact, and run() resumes from the last one"
+            )
+            self._error.__cause__ = exc
+        finally:
+            context.setLocalProperty("spark.scheduler.pool", pool)
+            context.setJobDescription(None)
+
+    def _raise(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+
+@attrs.frozen(kw_only=True)
+class CheckpointOptions:
+    """``run(checkpoint_dir=, checkpoint_every=, checkpoint_async=, checkpoint_keep=, resume=)``."""
+
+    directory: str
+    every: int = 10
+    asynchronous: bool = True
+    keep: int = 2
+    resume: bool = True
+
+
+class Checkpointing:
+    """The durable checkpoints of one run: restore at the start, write every ``every`` rounds.
+
+    The driver state is pickled synchronously at the round boundary; the
+    variables are written as parquet on the writer's thread while the next round
+    computes. The caller must ``wait()`` before releasing a round's data.
+    """
+
+    def __init__(
+        self, spark: SparkSession, options: CheckpointOptions, fingerprint: dict[str, Any]
+    ) -> None:
+        self.options = options
+        self.fingerprint = fingerprint
+        self.store = CheckpointStore(spark, options.directory, keep=options.keep)
+        self.writer = CheckpointWriter(spark, asynchronous=options.asynchronous)
+
+    def restore(self) -> Checkpoint | None:
+        """The checkpoint to continue from, or None to start at round 0."""
+        if not self.options.resume:
+            self.store.clear()
+            return None
+        checkpoint = self.store.latest()
+        if checkpoint is None:
+            return None
+        problems = fingerprint_differences(checkpoint.fingerprint, self.fingerprint)
+        if problems:
+            raise IterflowValueError(
+                f"checkpoint_dir '{self.store.root}' holds checkpoints of another iteration: "
+                + "; ".join(problems)
+                + ". Bind the same inputs to the same body to resume, pass resume=False to "
+                "start over (this deletes those checkpoints), or use another checkpoint_dir"
+            )
+        return checkpoint
+
+    def due(self, epoch: int) -> bool:
+        return (epoch + 1) % self.options.every == 0
+
+    def write(
+        self,
+        epoch: int,
+        driver: DriverState,
+        variables: Mapping[str, DataFrame],
+        outputs: Mapping[str, DataFrame] | None = None,
+    ) -> None:
+        """Snapshot ``driver`` now and write epoch ``epoch`` (in the background when async)."""
+        data = snapshot(driver, epoch)
+        frames, results = dict(variables), dict(outputs or {})
+        self.writer.submit(
+            epoch,
+            lambda: self.store.write(
+                epoch,
+                fingerprint=self.fingerprint,
+                variables=frames,
+                outputs=results,
+                driver=data,
+            ),
+        )
+
+    def wait(self) -> None:
+        self.writer.wait()
+
+    def settle(self) -> None:
+        """Let a pending write finish when the run fails; its own failure only warns."""
+        try:
+            self.writer.wait()
+        except IterflowError as exc:
+            warnings.warn(str(exc), IterflowWarning, stacklevel=2)

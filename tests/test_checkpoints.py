@@ -1,0 +1,234 @@
+"""Durable checkpoints in one process: resume after a failure, finished runs, invalid
+checkpoints, fingerprints (shared local[2] session)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+import iterflow as itf
+from iterflow.runtime.checkpoint import MARKER, epoch_dir
+
+pytestmark = pytest.mark.spark
+
+
+class RoundCounter(itf.RoundListener):
+    """Counts the rounds it saw; its state survives restarts through state_dict."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+
+    def on_round_end(self, ctx: itf.RoundEnd) -> None:
+        self.rounds += 1
+
+    def state_dict(self) -> dict[str, int]:
+        return {"rounds": self.rounds}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.rounds = state["rounds"]
+
+
+class Seen(itf.RoundListener):
+    """Keeps every epoch it saw; no state_dict, so its __dict__ is checkpointed."""
+
+    def __init__(self) -> None:
+        self.epochs: list[int] = []
+
+    def on_round_end(self, ctx: itf.RoundEnd) -> None:
+        self.epochs.append(ctx.epoch)
+
+
+def make_body(calls: list[int], fail_at: int | None = None, name: str = "grow") -> Any:
+    """x -> 2x + epoch: every round changes every value, so a resumed run that restored
+    the wrong epoch gives different numbers."""
+
+    def grow(v: DataFrame, ctx: itf.RoundContext) -> itf.Declaration:
+        calls.append(ctx.epoch)
+        ctx.state["sum_of_epochs"] = ctx.state.get("sum_of_epochs", 0) + ctx.epoch
+        if ctx.epoch == fail_at:
+            raise RuntimeError("the body failed")
+        nxt = v.select((F.col("x") * 2 + ctx.epoch).alias("x"))
+        return itf.Declaration(feedback={"v": nxt}, outputs={"v": nxt})
+
+    grow.__name__ = name
+    return itf.body(grow)
+
+
+def start(spark: SparkSession) -> DataFrame:
+    return spark.range(4).select(F.col("id").alias("x"))
+
+
+def expected(rounds: int) -> list[int]:
+    values = list(range(4))
+    for epoch in range(rounds):
+        values = [2 * x + epoch for x in values]
+    return values
+
+
+def values(result: itf.IterationResult) -> list[int]:
+    return sorted(r["x"] for r in result.outputs["v"].collect())
+
+
+def run(
+    spark: SparkSession,
+    directory: Path,
+    calls: list[int],
+    *,
+    rounds: int = 8,
+    fail_at: int | None = None,
+    listeners: tuple[Any, ...] = (),
+    **options: Any,
+) -> itf.IterationResult:
+    it = itf.BoundedIteration(make_body(calls, fail_at)).bind("v", start(spark))
+    for listener in listeners:
+        it.listen(listener)
+    return it.until(itf.max_rounds(rounds)).run(checkpoint_dir=directory, **options)
+
+
+def committed_epochs(directory: Path) -> list[int]:
+    return sorted(
+        int(p.name.split("-")[1]) for p in directory.glob("epoch-*") if (p / MARKER).exists()
+    )
+
+
+def test_a_failed_round_keeps_the_checkpoints_and_the_next_run_resumes(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    calls: list[int] = []
+    counter, seen = RoundCounter(), Seen()
+    with pytest.raises(itf.RoundError, match="epoch 5"):
+        run(spark, tmp_path, calls, fail_at=5, checkpoint_every=1, listeners=(counter, seen))
+    assert committed_epochs(tmp_path) == [3, 4]  # the last two, checkpoint_keep=2
+
+    calls.clear()
+    counter, seen = RoundCounter(), Seen()
+    result = run(spark, tmp_path, calls, checkpoint_every=1, listeners=(counter, seen))
+    assert result.resumed_from == 4
+    assert calls == [5, 6, 7]  # only the rounds after the checkpoint ran
+    assert values(result) == expected(8)
+    assert result.rounds == 8 and [p.epoch for p in result.history] == list(range(8))
+    assert counter.rounds == 8  # state_dict / load_state_dict
+    assert seen.epochs == list(range(8))  # pickled __dict__
+    assert result.termination.reason == "max_rounds"
+
+
+def test_ctx_state_and_committed_metrics_survive_a_restart(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    rounds = itf.metrics.counter("checkpoint_test.rounds")
+
+    def count(ctx: itf.RoundEnd) -> None:
+        rounds.inc()
+        ctx.emit("state", ctx.state["sum_of_epochs"])
+
+    with pytest.raises(itf.RoundError):
+        run(spark, tmp_path, [], fail_at=3, checkpoint_every=1, listeners=(count,))
+    result = run(spark, tmp_path, [], checkpoint_every=1, listeners=(count,))
+    assert result.metrics["checkpoint_test.rounds"].committed == 8
+    assert result.emitted["state"] == [sum(range(k + 1)) for k in range(8)]
+
+
+def test_a_finished_run_returns_its_result_without_recomputing(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    first = run(spark, tmp_path, [], checkpoint_every=3)
+    assert committed_epochs(tmp_path) == [5, 7]  # every 3 rounds (epochs 2, 5), then the last
+    calls: list[int] = []
+    again = run(spark, tmp_path, calls, checkpoint_every=3)
+    assert calls == []
+    assert values(again) == values(first) == expected(8)
+    assert (again.rounds, again.resumed_from) == (8, 7)
+    assert again.termination == first.termination
+    assert again.history == first.history
+
+
+def test_a_finished_run_continues_with_a_larger_max_rounds(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    run(spark, tmp_path, [], rounds=4, checkpoint_every=2)
+    calls: list[int] = []
+    more = run(spark, tmp_path, calls, rounds=6, checkpoint_every=2)
+    assert calls == [4, 5]
+    assert values(more) == expected(6)
+    assert more.resumed_from == 3
+
+
+def test_synchronous_checkpoints_give_the_same_result(spark: SparkSession, tmp_path: Path) -> None:
+    result = run(spark, tmp_path, [], checkpoint_every=2, checkpoint_async=False)
+    assert values(result) == expected(8)
+    assert committed_epochs(tmp_path) == [5, 7]
+
+
+def test_a_checkpoint_without_its_marker_is_ignored(spark: SparkSession, tmp_path: Path) -> None:
+    with pytest.raises(itf.RoundError):
+        run(spark, tmp_path, [], fail_at=6, checkpoint_every=1)
+    (tmp_path / epoch_dir(5) / MARKER).unlink()  # as if the process died before the marker
+    calls: list[int] = []
+    with pytest.warns(itf.IterflowWarning, match=r"epoch 5 .*no commit marker"):
+        result = run(spark, tmp_path, calls, checkpoint_every=1)
+    assert result.resumed_from == 4 and calls == [5, 6, 7]
+    assert values(result) == expected(8)
+
+
+def test_a_checkpoint_with_a_truncated_file_is_ignored(spark: SparkSession, tmp_path: Path) -> None:
+    with pytest.raises(itf.RoundError):
+        run(spark, tmp_path, [], fail_at=6, checkpoint_every=1)
+    part = next((tmp_path / epoch_dir(5) / "variables" / "v").glob("part-*.parquet"))
+    part.write_bytes(part.read_bytes()[:20])
+    calls: list[int] = []
+    with pytest.warns(itf.IterflowWarning, match=r"epoch 5 .*bytes, the manifest says"):
+        result = run(spark, tmp_path, calls, checkpoint_every=1)
+    assert result.resumed_from == 4 and calls == [5, 6, 7]
+    assert values(result) == expected(8)
+
+
+def test_another_iteration_in_the_directory_is_an_error(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    run(spark, tmp_path, [], rounds=2)
+    renamed = itf.BoundedIteration(make_body([], name="other")).bind("v", start(spark))
+    with pytest.raises(itf.IterflowError, match=r"body 'grow' vs 'other'.*resume=False"):
+        renamed.until(itf.max_rounds(2)).run(checkpoint_dir=tmp_path)
+    doubles = spark.range(4).select(F.col("id").cast("double").alias("x"))
+    retyped = itf.BoundedIteration(make_body([])).bind("v", doubles)
+    with pytest.raises(itf.IterflowError, match=r"input 'v' schema \(x BIGINT\) vs \(x DOUBLE\)"):
+        retyped.until(itf.max_rounds(2)).run(checkpoint_dir=tmp_path)
+
+
+def test_resume_false_starts_over(spark: SparkSession, tmp_path: Path) -> None:
+    run(spark, tmp_path, [], rounds=3)
+    calls: list[int] = []
+    fresh = run(spark, tmp_path, calls, rounds=3, resume=False)
+    assert calls == [0, 1, 2] and fresh.resumed_from is None
+    assert values(fresh) == expected(3)
+
+
+def test_unpicklable_state_is_a_clear_error(spark: SparkSession, tmp_path: Path) -> None:
+    @itf.body
+    def keeps_a_lock(v: DataFrame, ctx: itf.RoundContext) -> itf.Declaration:
+        import threading
+
+        ctx.state["lock"] = threading.Lock()
+        return itf.Declaration(feedback={"v": v}, outputs={"v": v})
+
+    it = itf.BoundedIteration(keeps_a_lock).bind("v", start(spark)).until(itf.max_rounds(2))
+    with pytest.raises(itf.IterflowError, match=r"epoch 0: the checkpoint cannot pickle.*'lock'"):
+        it.run(checkpoint_dir=tmp_path, checkpoint_every=1)
+
+
+@pytest.mark.parametrize("option", ["checkpoint_every", "checkpoint_keep"])
+def test_checkpoint_options_are_validated(spark: SparkSession, tmp_path: Path, option: str) -> None:
+    it = itf.BoundedIteration(make_body([])).bind("v", start(spark)).until(itf.max_rounds(2))
+    with pytest.raises(itf.IterflowError, match=f"{option}=0"):
+        it.run(checkpoint_dir=tmp_path, **{option: 0})
+
+
+def test_no_warning_without_checkpoints(spark: SparkSession, tmp_path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run(spark, tmp_path, [], rounds=2)
