@@ -125,11 +125,18 @@ class HadoopFiles:
         return str(self._fs(path).makeQualified(self._path(path)).toString())
 
     def write_bytes(self, path: str, data: bytes) -> None:
-        stream = self._fs(path).create(self._path(path), True)
+        """Write ``path`` whole: into a temporary name first, then renamed (atomic on
+        local file systems and HDFS; object stores show an object only once written)."""
+        fs = self._fs(path)
+        temporary = self._path(f"{path}._writing")
+        stream = fs.create(temporary, True)
         try:
             stream.write(bytearray(data))
         finally:
             stream.close()
+        fs.delete(self._path(path), False)
+        if not fs.rename(temporary, self._path(path)):
+            raise OSError(f"could not rename {temporary} to {path}")
 
     def read_bytes(self, path: str) -> bytes:
         stream = self._fs(path).open(self._path(path))
