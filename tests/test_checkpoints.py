@@ -232,3 +232,47 @@ def test_no_warning_without_checkpoints(spark: SparkSession, tmp_path: Path) -> 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         run(spark, tmp_path, [], rounds=2)
+
+
+def lose_block_at(epoch: int) -> Any:
+    """A listener that drops a block of the variable's local checkpoint after round
+    ``epoch``, as a lost executor would: Spark cannot recompute it."""
+    from iterflow.runtime.jvm import release_local_checkpoint
+
+    lost: list[int] = []
+
+    def lose(ctx: itf.RoundEnd) -> None:
+        if ctx.epoch == epoch and not lost:
+            lost.append(epoch)
+            release_local_checkpoint(ctx.variables["v"])
+
+    return lose
+
+
+def test_a_lost_checkpoint_block_rolls_back_to_the_durable_checkpoint(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    rounds = itf.metrics.counter("rollback_test.rounds")
+    calls: list[int] = []
+
+    def count(ctx: itf.RoundEnd) -> None:
+        rounds.inc()
+
+    with pytest.warns(itf.IterflowWarning, match="epoch 5 lost a local checkpoint block"):
+        result = run(
+            spark, tmp_path, calls, checkpoint_every=2, listeners=(count, lose_block_at(4))
+        )
+    # Epochs 4 (completed) and 5 (failed) ran again from the checkpoint of epoch 3.
+    assert calls == [0, 1, 2, 3, 4, 5, 4, 5, 6, 7]
+    assert values(result) == expected(8)
+    assert [p.epoch for p in result.history] == list(range(8))
+    assert result.metrics["rollback_test.rounds"].committed == 8
+    assert result.metrics["rollback_test.rounds"].attempted == 9  # round 4's first attempt
+
+
+def test_a_lost_checkpoint_block_without_checkpoints_names_the_remedy(
+    spark: SparkSession,
+) -> None:
+    it = itf.BoundedIteration(make_body([])).bind("v", start(spark)).listen(lose_block_at(2))
+    with pytest.raises(itf.IterflowError, match=r"epoch 3: a block .* checkpoint_dir="):
+        it.until(itf.max_rounds(5)).run()

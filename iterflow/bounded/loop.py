@@ -45,6 +45,13 @@ from iterflow.termination import (
     flatten,
 )
 
+#: Rollbacks to a durable checkpoint one run may make before it gives up.
+MAX_ROLLBACKS = 3
+
+
+def _lost_checkpoint_block(error: BaseException) -> bool:
+    return "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND" in f"{error} {error.__cause__}"
+
 
 def _fail(epoch: int, stage: str, exc: BaseException) -> NoReturn:
     """Re-raise ``exc`` from round ``epoch``; iterflow's own errors pass unchanged."""
@@ -102,6 +109,7 @@ class RoundLoop:
         self.owned_inputs: dict[str, DataFrame] = {}
         # The first epoch this run computes: 0, or the one after a restored checkpoint.
         self.start = 0
+        self.rollbacks = 0
 
     # -- the loop --------------------------------------------------------------
 
@@ -111,23 +119,29 @@ class RoundLoop:
         self.observers.started(self.inputs, self.replay, self.conditions, resumed_from)
         if restored is not None and restored.final and not self._extends(restored):
             return self._finished(restored)
+        if restored is not None:
+            self.observers.metrics.restore(restored.driver.metrics)
         current = self._resume(restored) if restored else dict(self.inputs)
-        for name, df in current.items():
-            if name not in self.replay and persist_owned(df):
-                self.owned_inputs[name] = df
+        self._own_inputs(current)
         kept: dict[str, DataFrame] = {}
         epoch = self.start
         try:
             while True:
-                with self.observers.round(epoch):
-                    current, outputs, termination = self._round(epoch, current)
-                    if termination is not None:
-                        # Listener updates at the end count toward the last round.
-                        result = self._terminate(epoch, termination, current, outputs)
-                        kept = outputs
-                        result.resumed_from = resumed_from
-                        return result
-                epoch += 1
+                try:
+                    with self.observers.round(epoch):
+                        current, outputs, termination = self._round(epoch, current)
+                        if termination is not None:
+                            # Listener updates at the end count toward the last round.
+                            result = self._terminate(epoch, termination, current, outputs)
+                            kept = outputs
+                            result.resumed_from = resumed_from
+                            return result
+                    epoch += 1
+                except RoundError as exc:
+                    if not _lost_checkpoint_block(exc):
+                        raise
+                    current = self._roll_back(epoch, exc)
+                    epoch = self.start
         except BaseException as exc:
             if self.checkpointing is not None:
                 self.checkpointing.settle()
@@ -192,13 +206,54 @@ class RoundLoop:
         driver = checkpoint.driver
         self.start = checkpoint.epoch + 1
         self.variable_names = tuple(driver.variable_names)
+        self.state.clear()
         self.state.update(driver.state)
         self.listeners.load_state(driver.listeners)
+        self.emitter.values.clear()
         self.emitter.values.update({k: list(v) for k, v in driver.emitted.items()})
-        self.history.extend(driver.history)
-        self.observers.metrics.restore(driver.metrics)
+        self.history[:] = driver.history
         variables = {name: self._aligned(name, df) for name, df in checkpoint.variables.items()}
         return {**self._data_inputs(), **variables}
+
+    def _own_inputs(self, inputs: Mapping[str, DataFrame]) -> None:
+        for name, df in inputs.items():
+            if name not in self.replay and name not in self.owned_inputs and persist_owned(df):
+                self.owned_inputs[name] = df
+
+    def _roll_back(self, epoch: int, error: RoundError) -> dict[str, DataFrame]:
+        """Round ``epoch`` lost a local checkpoint block, which Spark cannot recompute:
+        continue from the last durable checkpoint, or fail with the remedy."""
+        checkpoint = None
+        if self.checkpointing is not None and self.rollbacks < MAX_ROLLBACKS:
+            self.checkpointing.settle()
+            checkpoint = self.checkpointing.store.latest()
+        if checkpoint is None or checkpoint.final:
+            raise IterflowError(
+                f"epoch {epoch}: a block of the previous round's local checkpoint is gone (its "
+                "executor was lost, or dynamic allocation removed it), and Spark cannot "
+                "recompute it. Run with checkpoint_dir=... so that iterflow rolls back to "
+                "the last durable checkpoint, and keep executors that hold cached data "
+                "(spark.dynamicAllocation.cachedExecutorIdleTimeout)"
+            ) from error
+        self.rollbacks += 1
+        warnings.warn(
+            f"epoch {epoch} lost a local checkpoint block; rolling back to the durable "
+            f"checkpoint of epoch {checkpoint.epoch} and running again from epoch "
+            f"{checkpoint.epoch + 1}",
+            IterflowWarning,
+            stacklevel=4,
+        )
+        self.observers.rolled_back(checkpoint.epoch)
+        self.caches.release("round")
+        for df in self.held:
+            release(df)
+        self.held = []
+        for name in self.variable_names or ():
+            if name in self.owned_inputs:
+                self.owned_inputs.pop(name).unpersist(blocking=False)
+        current = self._resume(checkpoint)
+        self._own_inputs(current)
+        return current
 
     def _extends(self, checkpoint: Checkpoint) -> bool:
         """True when a finished checkpoint continues: it stopped on max_rounds only, and

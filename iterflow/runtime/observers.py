@@ -131,6 +131,12 @@ class RunObservers:
             self._log.round_end(run_id=self.run_id, progress=progress)
         self._bar.round_end(progress, max_rounds=max_rounds_of(conditions))
 
+    def rolled_back(self, epoch: int) -> None:
+        """The run continues after the durable checkpoint of ``epoch``: the rounds after it
+        count as attempted only, and the bar goes back."""
+        self.metrics.roll_back(epoch + 1)
+        self._bar.resume(epoch + 1)
+
     def round_completed(self, epoch: int) -> None:
         self.metrics.complete_round(epoch)
 
