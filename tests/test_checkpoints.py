@@ -276,3 +276,12 @@ def test_a_lost_checkpoint_block_without_checkpoints_names_the_remedy(
     it = itf.BoundedIteration(make_body([])).bind("v", start(spark)).listen(lose_block_at(2))
     with pytest.raises(itf.IterflowError, match=r"epoch 3: a block .* checkpoint_dir="):
         it.until(itf.max_rounds(5)).run()
+
+
+def test_a_failing_checkpoint_write_fails_the_run_naming_the_epoch(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("a file where the checkpoints should go")
+    with pytest.raises(itf.IterflowError, match="the checkpoint of epoch 1 failed"):
+        run(spark, blocked, [], checkpoint_every=2)
