@@ -225,8 +225,8 @@ def run_and_kill(directory: Path, size: Size, quick: bool) -> dict[str, Any]:
     process = subprocess.Popen(
         command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
     )
-    # The marker is created empty and filled when its stream closes: wait for its content.
-    while not (marker.exists() and marker.stat().st_size > 0):
+    # The marker is written under a temporary name and renamed: it appears whole.
+    while not marker.exists():
         if process.poll() is not None or time.perf_counter() - start > CHILD_TIMEOUT_S:
             process.kill()
             process.wait()

@@ -7,12 +7,12 @@ Layout under ``checkpoint_dir``::
         outputs/<name>/      parquet, only in the checkpoint of the final epoch
         driver.pkl           ctx.state, listener states, emitted values, history,
                              committed metrics (cloudpickle)
-        manifest.json        fingerprint, epoch, every file and its size, driver.pkl's sha256
-        _COMMITTED           sha256 of manifest.json, written last
+        _COMMITTED           the manifest (JSON): fingerprint, epoch, every file and its
+                             size, driver.pkl's sha256; written last, atomically
 
-An epoch directory without a ``_COMMITTED`` marker that matches its manifest,
-or whose files differ from the manifest (a truncated write), does not exist
-for resuming. Older epochs are deleted only after a newer one has committed.
+An epoch directory without a readable ``_COMMITTED`` manifest, or whose files
+differ from it (a truncated write), does not exist for resuming. Older epochs
+are deleted only after a newer one has committed.
 Checkpoint directories are trusted input: they hold pickles.
 """
 
@@ -32,12 +32,11 @@ from pyspark.cloudpickle import dumps, loads
 from pyspark.sql import DataFrame, SparkSession
 
 from iterflow.errors import IterflowError, IterflowValueError, IterflowWarning
-from iterflow.runtime.jvm import HadoopFiles
+from iterflow.runtime.files import files_for
 from iterflow.runtime.session import spark_context
 
 FORMAT = 1
 MARKER = "_COMMITTED"
-MANIFEST = "manifest.json"
 DRIVER = "driver.pkl"
 _EPOCH_DIR = re.compile(r"epoch-(\d{8})\Z")
 
@@ -134,8 +133,7 @@ class CheckpointStore:
                 "run without checkpoint_dir"
             )
         self.spark = spark
-        self.files = HadoopFiles(spark)
-        self.root = self.files.qualify(str(root)).rstrip("/")
+        self.files, self.root = files_for(spark, str(root))
         self.keep = keep
 
     def _path(self, *parts: str) -> str:
@@ -162,9 +160,11 @@ class CheckpointStore:
             )
         return None
 
-    def _manifest(self, epoch: int) -> tuple[bytes, dict[str, Any]]:
-        raw = self.files.read_bytes(self._path(epoch_dir(epoch), MANIFEST))
-        return raw, json.loads(raw)
+    def _manifest(self, epoch: int) -> dict[str, Any]:
+        manifest = json.loads(self.files.read_bytes(self._path(epoch_dir(epoch), MARKER)))
+        if not isinstance(manifest, dict) or manifest.get("epoch") != epoch:
+            raise ValueError("not the manifest of this epoch")
+        return manifest
 
     def _problem(self, epoch: int) -> str | None:
         """Why epoch ``epoch`` cannot be resumed from, or None when it can."""
@@ -172,12 +172,9 @@ class CheckpointStore:
         if not self.files.exists(f"{base}/{MARKER}"):
             return "no commit marker: its write did not finish"
         try:
-            raw, manifest = self._manifest(epoch)
-            marker = self.files.read_bytes(f"{base}/{MARKER}").decode()
+            manifest = self._manifest(epoch)
         except Exception as exc:
-            return f"unreadable manifest or marker: {exc}"
-        if marker != hashlib.sha256(raw).hexdigest():
-            return "the commit marker does not match the manifest"
+            return f"unreadable commit marker: {exc}"
         sizes = self.files.file_sizes(base)
         for name, size in manifest["files"].items():
             if sizes.get(name) != size:
@@ -189,7 +186,7 @@ class CheckpointStore:
 
     def _read(self, epoch: int) -> Checkpoint:
         base = self._path(epoch_dir(epoch))
-        _, manifest = self._manifest(epoch)
+        manifest = self._manifest(epoch)
         driver: DriverState = loads(self.files.read_bytes(f"{base}/{DRIVER}"))
         read = self.spark.read.parquet
         return Checkpoint(
@@ -227,9 +224,9 @@ class CheckpointStore:
             "files": self.files.file_sizes(base),
             "driver_sha256": hashlib.sha256(driver).hexdigest(),
         }
+        # The manifest is the commit marker: once it is there, whole, the epoch exists.
         raw = json.dumps(manifest, sort_keys=True).encode()
-        self.files.write_bytes(f"{base}/{MANIFEST}", raw)
-        self.files.write_bytes(f"{base}/{MARKER}", hashlib.sha256(raw).hexdigest().encode())
+        self.files.write_bytes(f"{base}/{MARKER}", raw, atomic=True)
         self._prune(epoch)
 
     def _prune(self, committed: int) -> None:

@@ -124,19 +124,20 @@ class HadoopFiles:
         """``path`` with its scheme (``file:``, ``hdfs:``, ...), as Spark resolves it."""
         return str(self._fs(path).makeQualified(self._path(path)).toString())
 
-    def write_bytes(self, path: str, data: bytes) -> None:
-        """Write ``path`` whole: into a temporary name first, then renamed (atomic on
-        local file systems and HDFS; object stores show an object only once written)."""
+    def write_bytes(self, path: str, data: bytes, *, atomic: bool = False) -> None:
+        """Write ``path``; ``atomic`` writes a temporary name first and renames it (atomic
+        on HDFS; object stores show an object only once it is written anyway)."""
         fs = self._fs(path)
-        temporary = self._path(f"{path}._writing")
-        stream = fs.create(temporary, True)
+        written = self._path(f"{path}._writing" if atomic else path)
+        stream = fs.create(written, True)
         try:
             stream.write(bytearray(data))
         finally:
             stream.close()
-        fs.delete(self._path(path), False)
-        if not fs.rename(temporary, self._path(path)):
-            raise OSError(f"could not rename {temporary} to {path}")
+        if atomic:
+            fs.delete(self._path(path), False)
+            if not fs.rename(written, self._path(path)):
+                raise OSError(f"could not rename {written} to {path}")
 
     def read_bytes(self, path: str) -> bytes:
         stream = self._fs(path).open(self._path(path))

@@ -1,0 +1,90 @@
+"""Small files for durable checkpoints: the local file system directly, others through Hadoop.
+
+Checkpoints write a few small files per epoch (driver state, commit marker) and
+list, check and delete epoch directories. Through Hadoop's FileSystem API each
+of those is a py4j round trip; on a local path Python's own file functions do
+the same in microseconds. Spark's parquet writers handle the data either way.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlparse
+
+from pyspark.sql import SparkSession
+
+from iterflow.runtime.jvm import HadoopFiles
+
+
+class Files(Protocol):
+    def write_bytes(self, path: str, data: bytes, *, atomic: bool = False) -> None: ...
+
+    def read_bytes(self, path: str) -> bytes: ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def children(self, path: str) -> list[str]: ...
+
+    def file_sizes(self, path: str) -> dict[str, int]: ...
+
+    def delete(self, path: str) -> None: ...
+
+
+class LocalFiles:
+    """``Files`` on ``file:`` URIs, with Python's file functions.
+
+    Hidden files (``.name``, such as Hadoop's ``.crc`` checksums) are not listed,
+    as Hadoop's local file system does not list them either.
+    """
+
+    @staticmethod
+    def _local(path: str) -> Path:
+        return Path(urlparse(path).path)
+
+    def write_bytes(self, path: str, data: bytes, *, atomic: bool = False) -> None:
+        target = self._local(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        written = target.with_name(target.name + "._writing") if atomic else target
+        with open(written, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        if atomic:
+            os.replace(written, target)
+
+    def read_bytes(self, path: str) -> bytes:
+        return self._local(path).read_bytes()
+
+    def exists(self, path: str) -> bool:
+        return self._local(path).exists()
+
+    def children(self, path: str) -> list[str]:
+        directory = self._local(path)
+        if not directory.is_dir():
+            return []
+        return [p.name for p in directory.iterdir() if not p.name.startswith(".")]
+
+    def file_sizes(self, path: str) -> dict[str, int]:
+        root = self._local(path)
+        return {
+            str(p.relative_to(root)): p.stat().st_size
+            for p in root.rglob("*")
+            if p.is_file() and not p.name.startswith(".")
+        }
+
+    def delete(self, path: str) -> None:
+        target = self._local(path)
+        if target.is_dir():
+            shutil.rmtree(target, ignore_errors=True)
+        elif target.exists():
+            target.unlink()
+
+
+def files_for(spark: SparkSession, root: str) -> tuple[Files, str]:
+    """The ``Files`` for ``root`` and its qualified URI (``file:/...``, ``hdfs://...``)."""
+    hadoop = HadoopFiles(spark)
+    qualified = hadoop.qualify(root).rstrip("/")
+    return (LocalFiles() if qualified.startswith("file:") else hadoop), qualified
