@@ -198,6 +198,10 @@ def test_another_iteration_in_the_directory_is_an_error(
     retyped = itf.BoundedIteration(make_body([])).bind("v", doubles)
     with pytest.raises(itf.IterflowError, match=r"input 'v' schema \(x BIGINT\) vs \(x DOUBLE\)"):
         retyped.until(itf.max_rounds(2)).run(checkpoint_dir=tmp_path)
+    # A run refused before its first round leaves no run behind to take metric updates.
+    from iterflow.metrics.registry import REGISTRY
+
+    assert REGISTRY._runs == []
 
 
 def test_resume_false_starts_over(spark: SparkSession, tmp_path: Path) -> None:
@@ -285,3 +289,14 @@ def test_a_failing_checkpoint_write_fails_the_run_naming_the_epoch(
     blocked.write_text("a file where the checkpoints should go")
     with pytest.raises(itf.IterflowError, match="the checkpoint of epoch 1 failed"):
         run(spark, blocked, [], checkpoint_every=2)
+
+
+def test_resuming_past_a_smaller_max_rounds_is_an_error(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    with pytest.raises(itf.RoundError):
+        run(spark, tmp_path, [], fail_at=6, checkpoint_every=1)  # epoch 5 committed
+    with pytest.raises(itf.IterflowError, match=r"epoch 5, but max_rounds\(4\)"):
+        run(spark, tmp_path, [], rounds=4, checkpoint_every=1)
+    result = run(spark, tmp_path, [], rounds=8, checkpoint_every=1)
+    assert result.resumed_from == 5 and values(result) == expected(8)

@@ -114,18 +114,20 @@ class RoundLoop:
     # -- the loop --------------------------------------------------------------
 
     def run(self) -> IterationResult:
-        restored = self.checkpointing.restore() if self.checkpointing else None
-        resumed_from = restored.epoch if restored else None
-        self.observers.started(self.inputs, self.replay, self.conditions, resumed_from)
-        if restored is not None and restored.final and not self._extends(restored):
-            return self._finished(restored)
-        if restored is not None:
-            self.observers.metrics.restore(restored.driver.metrics)
-        current = self._resume(restored) if restored else dict(self.inputs)
-        self._own_inputs(current)
         kept: dict[str, DataFrame] = {}
-        epoch = self.start
+        epoch: int | None = None  # set once rounds may run
         try:
+            restored = self.checkpointing.restore() if self.checkpointing else None
+            resumed_from = restored.epoch if restored else None
+            self.observers.started(self.inputs, self.replay, self.conditions, resumed_from)
+            if restored is not None:
+                if restored.final and not self._extends(restored):
+                    return self._finished(restored)
+                self._check_reachable(restored)
+                self.observers.metrics.restore(restored.driver.metrics)
+            current = self._resume(restored) if restored else dict(self.inputs)
+            self._own_inputs(current)
+            epoch = self.start
             while True:
                 try:
                     with self.observers.round(epoch):
@@ -143,9 +145,10 @@ class RoundLoop:
                     current = self._roll_back(epoch, exc)
                     epoch = self.start
         except BaseException as exc:
-            if self.checkpointing is not None:
-                self.checkpointing.settle()
-            self.observers.failed(epoch, exc)
+            if epoch is not None:
+                if self.checkpointing is not None:
+                    self.checkpointing.settle()
+                self.observers.failed(epoch, exc)
             raise
         finally:
             try:
@@ -255,6 +258,17 @@ class RoundLoop:
         self._own_inputs(current)
         return current
 
+    def _check_reachable(self, checkpoint: Checkpoint) -> None:
+        """A run cannot resume past a static max_rounds it has already passed."""
+        bounds = [c.n for c in self.conditions if isinstance(c, MaxRounds)]
+        if not checkpoint.final and bounds and min(bounds) <= checkpoint.epoch + 1:
+            raise IterflowValueError(
+                f"the checkpoint in '{self.checkpointing.store.root}' is at epoch "  # type: ignore[union-attr]
+                f"{checkpoint.epoch}, but max_rounds({min(bounds)}) ends the iteration at or "
+                f"before it; pass max_rounds greater than {checkpoint.epoch + 1} to continue, "
+                "or resume=False to start over"
+            )
+
     def _extends(self, checkpoint: Checkpoint) -> bool:
         """True when a finished checkpoint continues: it stopped on max_rounds only, and
         the static max_rounds is larger now ("train 100 more rounds")."""
@@ -271,10 +285,7 @@ class RoundLoop:
         driver = checkpoint.driver
         self.listeners.load_state(driver.listeners)
         self.observers.metrics.restore(driver.metrics)
-        try:
-            metrics = self.observers.terminated(driver.termination, checkpoint.epoch + 1)
-        finally:
-            self.observers.close()
+        metrics = self.observers.terminated(driver.termination, checkpoint.epoch + 1)
         return IterationResult(
             outputs=checkpoint.outputs,
             rounds=checkpoint.epoch + 1,

@@ -168,6 +168,7 @@ class RunObservers:
 
     def close(self) -> None:
         """Final metrics push (it completes before this returns), then release everything."""
+        self._bar.close("stopped")  # a no-op once the run's outcome closed it
         try:
             self._pusher.stop()
         finally:
