@@ -154,9 +154,10 @@ def run_plot(args: argparse.Namespace) -> int:
     figure = plot_events(read_events(args.log, args.run_id), metric=args.metric, log_y=args.log_y)
     try:
         figure.savefig(args.output, dpi=120)
-    except OSError as error:
+    except (OSError, ValueError) as error:  # an unwritable path, an unknown image format
         raise itf.IterflowError(
-            f"cannot write '{args.output}': {error.strerror}; pick a writable path with -o"
+            f"cannot write '{args.output}': {getattr(error, 'strerror', None) or error}; "
+            "pick a writable path ending in .png, .svg or .pdf with -o"
         ) from None
     print(args.output)
     return 0

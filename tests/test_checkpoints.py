@@ -12,6 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import iterflow as itf
+from iterflow.progress.events import read_events, round_ends
 from iterflow.runtime.checkpoint import MARKER, epoch_dir
 
 pytestmark = pytest.mark.spark
@@ -262,9 +263,15 @@ def test_a_lost_checkpoint_block_rolls_back_to_the_durable_checkpoint(
     def count(ctx: itf.RoundEnd) -> None:
         rounds.inc()
 
+    log = tmp_path / "events.jsonl"
     with pytest.warns(itf.IterflowWarning, match="epoch 5 lost a local checkpoint block"):
         result = run(
-            spark, tmp_path, calls, checkpoint_every=2, listeners=(count, lose_block_at(4))
+            spark,
+            tmp_path / "ckpt",
+            calls,
+            checkpoint_every=2,
+            listeners=(count, lose_block_at(4)),
+            event_log=log,
         )
     # Epochs 4 (completed) and 5 (failed) ran again from the checkpoint of epoch 3.
     assert calls == [0, 1, 2, 3, 4, 5, 4, 5, 6, 7]
@@ -272,6 +279,12 @@ def test_a_lost_checkpoint_block_rolls_back_to_the_durable_checkpoint(
     assert [p.epoch for p in result.history] == list(range(8))
     assert result.metrics["rollback_test.rounds"].committed == 8
     assert result.metrics["rollback_test.rounds"].attempted == 9  # round 4's first attempt
+    events = read_events(log)
+    assert [e.get("epoch", e.get("to_epoch")) for e in events if e["event"] != "iteration_started"][
+        :-1
+    ] == [0, 1, 2, 3, 4, 3, 4, 5, 6, 7]
+    assert [e["event"] for e in events].count("rolled_back") == 1
+    assert [e["epoch"] for e in round_ends(events)] == list(range(8))
 
 
 def test_a_lost_checkpoint_block_without_checkpoints_names_the_remedy(
@@ -300,3 +313,49 @@ def test_resuming_past_a_smaller_max_rounds_is_an_error(
         run(spark, tmp_path, [], rounds=4, checkpoint_every=1)
     result = run(spark, tmp_path, [], rounds=8, checkpoint_every=1)
     assert result.resumed_from == 5 and values(result) == expected(8)
+
+
+def test_a_directory_name_with_hash_and_space_resumes(spark: SparkSession, tmp_path: Path) -> None:
+    odd = tmp_path / "run #1 ?x"
+    with pytest.raises(itf.RoundError):
+        run(spark, odd, [], fail_at=3, checkpoint_every=1)
+    assert committed_epochs(odd) == [1, 2]
+    calls: list[int] = []
+    result = run(spark, odd, calls, checkpoint_every=1)
+    assert result.resumed_from == 2 and calls == [3, 4, 5, 6, 7]
+
+
+def test_synchronous_writes_keep_the_users_job_description(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    spark.sparkContext.setJobDescription("nightly ranks")
+    try:
+        run(spark, tmp_path, [], rounds=3, checkpoint_every=1, checkpoint_async=False)
+        assert spark.sparkContext.getLocalProperty("spark.job.description") == "nightly ranks"
+    finally:
+        spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]
+
+
+def test_a_run_refused_before_its_first_round_logs_its_failure(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    with pytest.raises(itf.RoundError):
+        run(spark, tmp_path / "ckpt", [], fail_at=3, checkpoint_every=1, listeners=(Seen(),))
+    log = tmp_path / "events.jsonl"
+    with pytest.raises(itf.IterflowError, match=r"listener #1 'Seen'.*same listeners"):
+        run(spark, tmp_path / "ckpt", [], checkpoint_every=1, event_log=log)
+    events = read_events(log)
+    assert [e["event"] for e in events] == ["iteration_started", "iteration_failed"]
+    assert events[1]["epoch"] is None and events[0]["resumed_from"] == 2
+
+
+def test_an_unpicklable_listener_attribute_is_named(spark: SparkSession, tmp_path: Path) -> None:
+    class KeepsOutputs(itf.RoundListener):
+        def __init__(self) -> None:
+            self.last: Any = None
+
+        def on_round_end(self, ctx: itf.RoundEnd) -> None:
+            self.last = ctx.outputs["v"]
+
+    with pytest.raises(itf.IterflowError, match=r"listener #1 'KeepsOutputs' \(last\)"):
+        run(spark, tmp_path, [], checkpoint_every=1, listeners=(KeepsOutputs(),))

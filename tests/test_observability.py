@@ -176,3 +176,16 @@ def test_creating_a_metric_inside_a_task_is_an_error(spark: SparkSession) -> Non
     with pytest.raises(itf.RoundError, match="epoch 0") as failure:
         itf.BoundedIteration(step).bind("v", countdown(spark, 2)).run()
     assert "created inside a Spark task" in str(failure.value.__cause__)
+
+
+def test_an_event_log_that_cannot_be_opened_is_a_clear_error(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    from iterflow.metrics.registry import REGISTRY
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    it = itf.BoundedIteration(counting_body("f")).bind("v", countdown(spark, 2))
+    with pytest.raises(itf.IterflowError, match=r"run\(event_log='.*file/events.jsonl'\)"):
+        it.run(event_log=blocker / "events.jsonl")
+    assert REGISTRY._runs == []

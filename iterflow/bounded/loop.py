@@ -29,7 +29,12 @@ from iterflow.errors import (
 )
 from iterflow.progress.listeners import Emitter, IterationEnd, ListenerSet, RoundEnd
 from iterflow.progress.round import RoundProgress
-from iterflow.runtime.checkpoint import Checkpoint, Checkpointing, DriverState
+from iterflow.runtime.checkpoint import (
+    Checkpoint,
+    Checkpointing,
+    DriverState,
+    lost_checkpoint_block,
+)
 from iterflow.runtime.materialize import Materialized, materialize, persist_owned, release
 from iterflow.runtime.observers import RunObservers
 from iterflow.runtime.schema import is_numeric, schema_differences
@@ -47,10 +52,6 @@ from iterflow.termination import (
 
 #: Rollbacks to a durable checkpoint one run may make before it gives up.
 MAX_ROLLBACKS = 3
-
-
-def _lost_checkpoint_block(error: BaseException) -> bool:
-    return "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND" in f"{error} {error.__cause__}"
 
 
 def _fail(epoch: int, stage: str, exc: BaseException) -> NoReturn:
@@ -116,10 +117,12 @@ class RoundLoop:
     def run(self) -> IterationResult:
         kept: dict[str, DataFrame] = {}
         epoch: int | None = None  # set once rounds may run
+        started = False
         try:
             restored = self.checkpointing.restore() if self.checkpointing else None
             resumed_from = restored.epoch if restored else None
             self.observers.started(self.inputs, self.replay, self.conditions, resumed_from)
+            started = True
             if restored is not None:
                 if restored.final and not self._extends(restored):
                     return self._finished(restored)
@@ -140,14 +143,14 @@ class RoundLoop:
                             return result
                     epoch += 1
                 except RoundError as exc:
-                    if not _lost_checkpoint_block(exc):
+                    if not lost_checkpoint_block(exc):
                         raise
                     current = self._roll_back(epoch, exc)
                     epoch = self.start
         except BaseException as exc:
-            if epoch is not None:
-                if self.checkpointing is not None:
-                    self.checkpointing.settle()
+            if epoch is not None and self.checkpointing is not None:
+                self.checkpointing.settle()
+            if started:
                 self.observers.failed(epoch, exc)
             raise
         finally:
@@ -174,11 +177,21 @@ class RoundLoop:
         self.listeners.iteration_terminated(end, partial(_fail, epoch))
         metrics = self.observers.terminated(termination, epoch + 1)
         if self.checkpointing is not None:
-            # The final epoch is flushed before run() returns, with its outputs.
-            self.checkpointing.write(
-                epoch, self._driver_state(termination), self._variables(current), outputs
-            )
-            self.checkpointing.wait()
+            # The final epoch is flushed before run() returns, with its outputs. If that
+            # fails, the result in hand is still right: warn rather than lose it.
+            try:
+                self.checkpointing.write(
+                    epoch, self._driver_state(termination), self._variables(current), outputs
+                )
+                self.checkpointing.wait()
+            except IterflowError as exc:
+                warnings.warn(
+                    f"{exc}. The result is returned, but the final checkpoint is missing: "
+                    "a later run() with this checkpoint_dir resumes from the last "
+                    "committed epoch and runs the remaining rounds again",
+                    IterflowWarning,
+                    stacklevel=4,
+                )
         return IterationResult(
             outputs=outputs,
             rounds=epoch + 1,
@@ -226,17 +239,31 @@ class RoundLoop:
     def _roll_back(self, epoch: int, error: RoundError) -> dict[str, DataFrame]:
         """Round ``epoch`` lost a local checkpoint block, which Spark cannot recompute:
         continue from the last durable checkpoint, or fail with the remedy."""
-        checkpoint = None
-        if self.checkpointing is not None and self.rollbacks < MAX_ROLLBACKS:
-            self.checkpointing.settle()
-            checkpoint = self.checkpointing.store.latest()
-        if checkpoint is None or checkpoint.final:
+        lost = (
+            f"epoch {epoch}: a block of the previous round's local checkpoint is gone (its "
+            "executor was lost, or dynamic allocation removed it), and Spark cannot "
+            "recompute it"
+        )
+        keep = (
+            "keep executors that hold cached data "
+            "(spark.dynamicAllocation.cachedExecutorIdleTimeout)"
+        )
+        if self.checkpointing is None:
             raise IterflowError(
-                f"epoch {epoch}: a block of the previous round's local checkpoint is gone (its "
-                "executor was lost, or dynamic allocation removed it), and Spark cannot "
-                "recompute it. Run with checkpoint_dir=... so that iterflow rolls back to "
-                "the last durable checkpoint, and keep executors that hold cached data "
-                "(spark.dynamicAllocation.cachedExecutorIdleTimeout)"
+                f"{lost}. Run with checkpoint_dir=... so that iterflow rolls back to the "
+                f"last durable checkpoint, and {keep}"
+            ) from error
+        if self.rollbacks >= MAX_ROLLBACKS:
+            raise IterflowError(
+                f"{lost}, and this run has rolled back {MAX_ROLLBACKS} times already; "
+                f"{keep}, then run() again to resume"
+            ) from error
+        self.checkpointing.settle()
+        checkpoint = self.checkpointing.store.latest()
+        if checkpoint is None:
+            raise IterflowError(
+                f"{lost}, and no checkpoint has committed yet (the first is due after epoch "
+                f"{self.checkpointing.options.every - 1}); lower checkpoint_every, or {keep}"
             ) from error
         self.rollbacks += 1
         warnings.warn(

@@ -245,6 +245,8 @@ class RunMetrics:
             for e, round_ in self._rounds.items():
                 round_.completed = round_.completed and e < epoch
             self._seal(lambda e: e >= epoch)
+            if self._last_completed is not None and self._last_completed >= epoch:
+                self._last_completed = epoch - 1 if epoch > 0 else None
             redone = [e for e, (completed, _) in self._sealed.items() if completed and e >= epoch]
             for e in redone:
                 self._sealed[e] = (False, self._sealed[e][1])

@@ -164,6 +164,11 @@ class EventLog:
             metrics=results_to_json(metrics),
         )
 
+    def rolled_back(self, *, run_id: str, to_epoch: int) -> None:
+        """The run went back to the durable checkpoint of ``to_epoch``; the rounds after it
+        run again and log ``round_end`` again."""
+        self._write("rolled_back", run_id, to_epoch=to_epoch)
+
     def _write(self, event: str, run_id: str, **fields: Any) -> None:
         if self._file.closed:
             raise IterflowError(f"event log '{self.path}' is closed; open a new EventLog")
@@ -175,6 +180,13 @@ class EventLog:
         }
         self._file.write(json.dumps(_finite(record), allow_nan=False) + "\n")
         self._file.flush()
+
+
+def round_ends(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The ``round_end`` events of a run, one per epoch in epoch order: after a rollback,
+    the last attempt of a round wins."""
+    last = {e["epoch"]: e for e in events if e.get("event") == "round_end"}
+    return [last[epoch] for epoch in sorted(last)]
 
 
 def read_events(path: str | os.PathLike[str], run_id: str | None = None) -> list[dict[str, Any]]:

@@ -133,8 +133,13 @@ class ListenerSet:
                 continue
             if callable(getattr(listener, "state_dict", None)):
                 state = listener.state_dict()
-            else:
+            elif hasattr(listener, "__dict__"):
                 state = dict(vars(listener))
+            else:
+                raise IterflowTypeError(
+                    f"listener '{listener_name(listener)}' has no __dict__ to checkpoint; "
+                    "define state_dict() and load_state_dict() on it"
+                )
             states[index] = (listener_name(listener), state)
         return states
 

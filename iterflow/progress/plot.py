@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from iterflow.errors import IterflowError, IterflowValueError
+from iterflow.progress.events import round_ends
 from iterflow.progress.report import ending, round_values
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def plot_events(
     except ImportError:
         raise IterflowError("plotting needs matplotlib: pip install iterflow[plot]") from None
     name = metric or "converged_value"
-    rounds = [(e["epoch"], round_values(e)) for e in events if e["event"] == "round_end"]
+    rounds = [(e["epoch"], round_values(e)) for e in round_ends(events)]
     points = [(epoch, values[name]) for epoch, values in rounds if values.get(name) is not None]
     if not points:
         available = sorted(

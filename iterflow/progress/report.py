@@ -13,6 +13,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from iterflow.progress.events import round_ends
+
 #: Round table headers for the RoundProgress fields; other columns keep their name.
 _LABELS = {
     "duration_s": "seconds",
@@ -44,7 +46,7 @@ def format_report(events: Sequence[Mapping[str, Any]]) -> str:
     ``events`` are the events of one run, as :func:`read_events` returns them.
     Columns that no round has a value for are left out.
     """
-    rounds = [e for e in events if e["event"] == "round_end"]
+    rounds = round_ends(events)
     values = [round_values(e) for e in rounds]
     columns = [
         name

@@ -38,7 +38,13 @@ from iterflow.runtime.session import spark_context
 FORMAT = 1
 MARKER = "_COMMITTED"
 DRIVER = "driver.pkl"
+_JOB_PROPERTIES = ("spark.scheduler.pool", "spark.job.description")
 _EPOCH_DIR = re.compile(r"epoch-(\d{8})\Z")
+
+
+def lost_checkpoint_block(error: BaseException) -> bool:
+    """True when ``error`` comes from a local checkpoint block Spark no longer has."""
+    return "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND" in f"{error} {error.__cause__}"
 
 
 def epoch_dir(epoch: int) -> str:
@@ -115,12 +121,36 @@ def snapshot(driver: DriverState, epoch: int) -> bytes:
     try:
         return bytes(dumps(driver))
     except Exception as exc:
-        keys = ", ".join(f"'{k}'" for k in driver.state) or "none"
         raise IterflowValueError(
-            f"epoch {epoch}: the checkpoint cannot pickle the driver state ({exc}); keep "
-            f"ctx.state (keys {keys}) and listener state picklable, or define "
-            "state_dict()/load_state_dict() on the listener"
+            f"epoch {epoch}: the checkpoint cannot pickle {_unpicklable(driver)} "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); keep ctx.state and "
+            "listener attributes picklable (no DataFrames or sessions), or give the listener "
+            "state_dict()/load_state_dict()"
         ) from exc
+
+
+def _unpicklable(driver: DriverState) -> str:
+    """Which part of ``driver`` does not pickle, in the user's words."""
+    for key, value in driver.state.items():
+        if not _pickles(value):
+            return f"ctx.state['{key}']"
+    for index, (name, state) in driver.listeners.items():
+        parts = state.items() if isinstance(state, dict) else [("state_dict()", state)]
+        for attribute, value in parts:
+            if not _pickles(value):
+                return f"listener #{index + 1} '{name}' ({attribute})"
+    for name, values in driver.emitted.items():
+        if not _pickles(values):
+            return f"the values emitted as '{name}'"
+    return "the driver state"
+
+
+def _pickles(value: Any) -> bool:
+    try:
+        dumps(value)
+        return True
+    except Exception:
+        return False
 
 
 class CheckpointStore:
@@ -187,7 +217,15 @@ class CheckpointStore:
     def _read(self, epoch: int) -> Checkpoint:
         base = self._path(epoch_dir(epoch))
         manifest = self._manifest(epoch)
-        driver: DriverState = loads(self.files.read_bytes(f"{base}/{DRIVER}"))
+        try:
+            driver: DriverState = loads(self.files.read_bytes(f"{base}/{DRIVER}"))
+        except Exception as exc:
+            raise IterflowError(
+                f"checkpoint epoch {epoch} in '{self.root}': its driver state does not load "
+                f"({type(exc).__name__}: {exc}); the classes it holds (ctx.state, listener "
+                "state) must be importable as when it was written, or pass resume=False to "
+                "start over"
+            ) from exc
         read = self.spark.read.parquet
         return Checkpoint(
             epoch=epoch,
@@ -227,7 +265,15 @@ class CheckpointStore:
         # The manifest is the commit marker: once it is there, whole, the epoch exists.
         raw = json.dumps(manifest, sort_keys=True).encode()
         self.files.write_bytes(f"{base}/{MARKER}", raw, atomic=True)
-        self._prune(epoch)
+        try:
+            self._prune(epoch)
+        except Exception as exc:  # epoch ``epoch`` is committed all the same
+            warnings.warn(
+                f"checkpoint epoch {epoch} committed, but older epochs in '{self.root}' "
+                f"could not be deleted: {exc}",
+                IterflowWarning,
+                stacklevel=2,
+            )
 
     def _prune(self, committed: int) -> None:
         older = [e for e in self.epochs() if e < committed]
@@ -286,9 +332,9 @@ class CheckpointWriter:
 
     def _run(self, epoch: int, write: Callable[[], None]) -> None:
         context: Any = spark_context(self._spark)
-        pool = context.getLocalProperty("spark.scheduler.pool")
+        saved = {key: context.getLocalProperty(key) for key in _JOB_PROPERTIES}
         context.setLocalProperty("spark.scheduler.pool", "iterflow-checkpoint")
-        context.setJobDescription(f"iterflow checkpoint of epoch {epoch}")
+        context.setLocalProperty("spark.job.description", f"iterflow checkpoint of epoch {epoch}")
         try:
             write()
         except BaseException as exc:
@@ -298,8 +344,9 @@ class CheckpointWriter:
             )
             self._error.__cause__ = exc
         finally:
-            context.setLocalProperty("spark.scheduler.pool", pool)
-            context.setJobDescription(None)
+            # Synchronous writes run on the loop's thread: give the user's settings back.
+            for key, value in saved.items():
+                context.setLocalProperty(key, value)
 
     def _raise(self) -> None:
         error, self._error = self._error, None
@@ -377,7 +424,24 @@ class Checkpointing:
         )
 
     def wait(self) -> None:
-        self.writer.wait()
+        """Block until the pending write is done; raise if it failed.
+
+        A write that failed because the round's local checkpoint lost a block is
+        skipped with a warning: the next round has cut its lineage already, and
+        the next checkpoint covers it.
+        """
+        try:
+            self.writer.wait()
+        except IterflowError as exc:
+            if not lost_checkpoint_block(exc):
+                raise
+            warnings.warn(
+                f"{str(exc).split(' failed')[0]} was skipped: a block of its data was lost "
+                "before the write read it (an executor was lost); the next checkpoint covers "
+                "the rounds since the last one",
+                IterflowWarning,
+                stacklevel=2,
+            )
 
     def settle(self) -> None:
         """Let a pending write finish when the run fails; its own failure only warns."""

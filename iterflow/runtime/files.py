@@ -12,10 +12,10 @@ import os
 import shutil
 from pathlib import Path
 from typing import Protocol
-from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
+from iterflow.errors import IterflowValueError
 from iterflow.runtime.jvm import HadoopFiles
 
 
@@ -42,7 +42,10 @@ class LocalFiles:
 
     @staticmethod
     def _local(path: str) -> Path:
-        return Path(urlparse(path).path)
+        # Hadoop's qualified form is "file:/dir" (or "file:///dir"); the rest is a plain
+        # path, "#" and "?" included, so no URL parsing.
+        local = path[len("file:") :] if path.startswith("file:") else path
+        return Path("/" + local.lstrip("/"))
 
     def write_bytes(self, path: str, data: bytes, *, atomic: bool = False) -> None:
         target = self._local(path)
@@ -86,5 +89,12 @@ class LocalFiles:
 def files_for(spark: SparkSession, root: str) -> tuple[Files, str]:
     """The ``Files`` for ``root`` and its qualified URI (``file:/...``, ``hdfs://...``)."""
     hadoop = HadoopFiles(spark)
-    qualified = hadoop.qualify(root).rstrip("/")
+    try:
+        qualified = hadoop.qualify(root).rstrip("/")
+    except Exception as exc:
+        raise IterflowValueError(
+            f"checkpoint_dir '{root}' cannot be used: {str(exc).splitlines()[0]}. For "
+            "hdfs://, s3a:// and similar paths, Spark needs the file system's connector "
+            "and credentials (spark.hadoop.* settings)"
+        ) from exc
     return (LocalFiles() if qualified.startswith("file:") else hadoop), qualified

@@ -17,6 +17,7 @@ from functools import partial
 import attrs
 from pyspark.sql import DataFrame, SparkSession
 
+from iterflow.errors import IterflowValueError
 from iterflow.metrics._spark import BRIDGE
 from iterflow.metrics.pusher import MetricsPusher
 from iterflow.metrics.registry import REGISTRY
@@ -40,6 +41,18 @@ class ObserverOptions:
     sinks: tuple[tuple[MetricsSink, float], ...] = ()
 
 
+def _open_log(path: str | os.PathLike[str] | None) -> EventLog | None:
+    if path is None:
+        return None
+    try:
+        return EventLog(path)
+    except OSError as exc:
+        raise IterflowValueError(
+            f"run(event_log='{os.fspath(path)}'): cannot open it ({exc.strerror}); "
+            "pass a path in a writable directory"
+        ) from exc
+
+
 def max_rounds_of(conditions: Sequence[Condition]) -> int | None:
     bounds = [c.n for c in conditions if isinstance(c, MaxRounds)]
     return min(bounds) if bounds else None
@@ -60,13 +73,13 @@ class RunObservers:
         self.run_id = uuid.uuid4().hex[:12]
         self._context = spark_context(spark)
         self._clock = time.perf_counter()
+        self._log = _open_log(options.event_log)
         self.metrics = REGISTRY.begin_run(
             iteration=iteration,
             run_id=self.run_id,
             executor_states=partial(BRIDGE.executor_states, self.run_id),
             forget=partial(BRIDGE.forget, self.run_id),
         )
-        self._log = EventLog(options.event_log) if options.event_log is not None else None
         self._bar = ProgressBar(
             iteration, max_rounds=max_rounds_of(static_conditions), enabled=options.progress
         )
@@ -136,6 +149,8 @@ class RunObservers:
         count as attempted only, and the bar goes back."""
         self.metrics.roll_back(epoch + 1)
         self._bar.resume(epoch + 1)
+        if self._log is not None:
+            self._log.rolled_back(run_id=self.run_id, to_epoch=epoch)
 
     def round_completed(self, epoch: int) -> None:
         self.metrics.complete_round(epoch)
@@ -154,7 +169,8 @@ class RunObservers:
         self._bar.close(f"{termination.reason} at epoch {termination.epoch}")
         return totals
 
-    def failed(self, epoch: int, error: BaseException) -> None:
+    def failed(self, epoch: int | None, error: BaseException) -> None:
+        """The run failed in round ``epoch`` (None: before its first round)."""
         totals = self.metrics.finish()
         if self._log is not None:
             self._log.iteration_failed(
@@ -164,7 +180,7 @@ class RunObservers:
                 duration_s=self.elapsed_s,
                 metrics=totals,
             )
-        self._bar.close(f"failed at epoch {epoch}")
+        self._bar.close("failed" if epoch is None else f"failed at epoch {epoch}")
 
     def close(self) -> None:
         """Final metrics push (it completes before this returns), then release everything."""
