@@ -359,3 +359,43 @@ def test_an_unpicklable_listener_attribute_is_named(spark: SparkSession, tmp_pat
 
     with pytest.raises(itf.IterflowError, match=r"listener #1 'KeepsOutputs' \(last\)"):
         run(spark, tmp_path, [], checkpoint_every=1, listeners=(KeepsOutputs(),))
+
+
+def failing_write(monkeypatch: pytest.MonkeyPatch, fails: Any, message: str) -> None:
+    """Make CheckpointStore.write raise ``message`` for the writes ``fails(epoch, outputs)``."""
+    from iterflow.runtime.checkpoint import CheckpointStore
+
+    real = CheckpointStore.write
+
+    def write(self: CheckpointStore, epoch: int, **kwargs: Any) -> None:
+        if fails(epoch, kwargs["outputs"]):
+            raise RuntimeError(message)
+        real(self, epoch, **kwargs)
+
+    monkeypatch.setattr(CheckpointStore, "write", write)
+
+
+def test_a_write_whose_data_was_lost_is_skipped(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failing_write(
+        monkeypatch,
+        lambda epoch, outputs: epoch == 3,
+        "[CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND] Checkpoint block rdd_1_0 not found!",
+    )
+    with pytest.warns(itf.IterflowWarning, match="checkpoint of epoch 3 was skipped"):
+        result = run(spark, tmp_path, [], checkpoint_every=2)
+    assert values(result) == expected(8)
+    assert committed_epochs(tmp_path) == [5, 7]
+
+
+def test_a_failing_final_write_warns_and_returns_the_result(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failing_write(monkeypatch, lambda epoch, outputs: bool(outputs), "disk full")
+    log = tmp_path / "events.jsonl"
+    with pytest.warns(itf.IterflowWarning, match="epoch 7 failed.*disk full.*final checkpoint"):
+        result = run(spark, tmp_path / "ckpt", [], checkpoint_every=2, event_log=log)
+    assert values(result) == expected(8)
+    assert read_events(log)[-1]["event"] == "iteration_terminated"
+    assert committed_epochs(tmp_path / "ckpt") == [3, 5]
