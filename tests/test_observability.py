@@ -189,3 +189,28 @@ def test_an_event_log_that_cannot_be_opened_is_a_clear_error(
     with pytest.raises(itf.IterflowError, match=r"run\(event_log='.*file/events.jsonl'\)"):
         it.run(event_log=blocker / "events.jsonl")
     assert REGISTRY._runs == []
+
+
+def test_updates_from_jobs_started_on_plain_threads_are_not_counted_and_warn(
+    spark: SparkSession,
+) -> None:
+    import threading
+
+    hits = itf.metrics.counter("g.hits")
+
+    @F.udf("long")
+    def touch(x):  # type: ignore[no-untyped-def]
+        hits.inc()
+        return x
+
+    side = countdown(spark, 3)
+
+    def listener(ctx: itf.RoundEnd) -> None:
+        worker = threading.Thread(target=lambda: side.select(touch("x")).collect())
+        worker.start()
+        worker.join()
+
+    it = itf.BoundedIteration(counting_body("g")).bind("v", countdown(spark, 6)).listen(listener)
+    with pytest.warns(itf.IterflowWarning, match=r"\['g.hits'\] were updated by tasks"):
+        result = it.run()
+    assert result.metrics["g.hits"].committed == 0

@@ -30,6 +30,8 @@ from iterflow.metrics.registry import (
 from iterflow.metrics.values import Kind
 
 ROUND_PROPERTY = "iterflow.round"
+#: The run id of updates made by tasks of jobs without a round tag.
+UNTAGGED = ""
 
 Key = tuple[str, int, str, Kind]
 
@@ -58,7 +60,7 @@ class _AccumulatorRecorder:
         self._accumulator = accumulator
         # Python workers reuse one TaskContext object: the attempt id tells tasks apart.
         self._attempt: int | None = None
-        self._round: tuple[str, int] | None = None
+        self._round: tuple[str, int] = (UNTAGGED, -1)
 
     def __call__(self, name: str, kind: Kind, state: State) -> None:
         context = TaskContext.get()
@@ -67,12 +69,12 @@ class _AccumulatorRecorder:
             self._attempt = attempt
             token = context.getLocalProperty(ROUND_PROPERTY) if context else None
             if token is None:
-                self._round = None
+                # A job outside any round: not counted (values are per run), but its
+                # metric names are kept so a run can warn about them.
+                self._round = (UNTAGGED, -1)
             else:
                 run_id, epoch = token.rsplit(":", 1)
                 self._round = (run_id, int(epoch))
-        if self._round is None:  # a job outside any run: values are per run
-            return
         key = (*self._round, name, kind)
         values = self._accumulator._value  # this task's own value, sent when it ends
         old = values.get(key)
@@ -121,6 +123,18 @@ class SparkBridge:
         # A C-level copy: the accumulator server thread may be merging meanwhile.
         states = dict(accumulator._value)
         return {(e, n, k): s for (r, e, n, k), s in states.items() if r == run_id}
+
+    def untagged(self, *, clear: bool = False) -> set[str]:
+        """Names of metrics that tasks of untagged jobs updated (jobs started outside a
+        round, e.g. from a plain Python thread); ``clear`` forgets them."""
+        accumulator = self._accumulator
+        if accumulator is None or self._context is not SparkContext._active_spark_context:
+            return set()
+        keys = [k for k in dict(accumulator._value) if k[0] == UNTAGGED]
+        if clear:
+            for key in keys:
+                accumulator._value.pop(key, None)
+        return {k[2] for k in keys}
 
     def forget(self, run_id: str, epochs: Iterable[int]) -> None:
         accumulator = self._accumulator

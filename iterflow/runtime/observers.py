@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -17,7 +18,7 @@ from functools import partial
 import attrs
 from pyspark.sql import DataFrame, SparkSession
 
-from iterflow.errors import IterflowValueError
+from iterflow.errors import IterflowValueError, IterflowWarning
 from iterflow.metrics._spark import BRIDGE
 from iterflow.metrics.pusher import MetricsPusher
 from iterflow.metrics.registry import REGISTRY
@@ -85,6 +86,8 @@ class RunObservers:
         )
         self._pusher = MetricsPusher(self.metrics.snapshot, options.sinks)
         self._pusher.start()
+        BRIDGE.untagged(clear=True)  # updates from before this run are not its concern
+        self._warned_untagged: set[str] = set()
 
     @property
     def elapsed_s(self) -> float:
@@ -140,6 +143,16 @@ class RunObservers:
 
     def round_end(self, progress: RoundProgress, conditions: Sequence[Condition]) -> None:
         """Record and show round ``progress.epoch``, before listeners see it."""
+        missed = BRIDGE.untagged(clear=True) - self._warned_untagged
+        if missed:
+            self._warned_untagged |= missed
+            warnings.warn(
+                f"metric(s) {sorted(missed)} were updated by tasks of Spark jobs that no round "
+                "started (a job run from a plain Python thread?); those updates are not "
+                "counted. Start such threads as pyspark.InheritableThread within the round",
+                IterflowWarning,
+                stacklevel=5,
+            )
         if self._log is not None:
             self._log.round_end(run_id=self.run_id, progress=progress)
         self._bar.round_end(progress, max_rounds=max_rounds_of(conditions))
