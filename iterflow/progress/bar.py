@@ -7,6 +7,7 @@ when they finish, so the two never share the line at the same time.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import IO
 
@@ -24,6 +25,14 @@ def _seconds(s: float) -> str:
     minutes, seconds = divmod(round(s), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
+
+
+def _size(out: IO[str]) -> tuple[int, int]:
+    try:
+        size = os.get_terminal_size(out.fileno())
+    except (AttributeError, OSError, ValueError):  # not a terminal, or no file descriptor
+        return 0, 0
+    return size.columns, size.lines
 
 
 def describe_round(progress: RoundProgress) -> str:
@@ -55,12 +64,18 @@ class ProgressBar:
         show = enabled if enabled is not None else bool(getattr(out, "isatty", bool)())
         self._bar: tqdm[None] | None = None
         if show:
+            # Follow the terminal's width. One that reports 0 columns or lines (some
+            # pseudo-terminals) would make tqdm print nothing: use 100 x 20 there.
+            columns, lines = _size(out)
+            follow = columns > 0
             self._bar = tqdm(
                 total=max_rounds,
                 desc=iteration,
                 file=out,
                 bar_format=_WITH_TOTAL if max_rounds else _OPEN,
-                dynamic_ncols=True,
+                dynamic_ncols=follow,
+                ncols=None if follow else 100,
+                nrows=None if lines > 0 else 20,
                 leave=True,
                 mininterval=0,
             )
