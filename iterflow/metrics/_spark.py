@@ -25,7 +25,7 @@ from iterflow.metrics.registry import (
     ExecutorStates,
     Metric,
     State,
-    merge_state,
+    add_state,
 )
 from iterflow.metrics.values import Kind
 
@@ -44,8 +44,7 @@ class _StatesParam(AccumulatorParam[dict[Key, State]]):
 
     def addInPlace(self, value1: dict[Key, State], value2: dict[Key, State]) -> dict[Key, State]:
         for key, state in value2.items():
-            old = value1.get(key)
-            value1[key] = state if old is None else merge_state(key[3], old, state)
+            value1[key] = add_state(key[3], value1.get(key), state)
         return value1
 
 
@@ -77,8 +76,7 @@ class _AccumulatorRecorder:
                 self._round = (run_id, int(epoch))
         key = (*self._round, name, kind)
         values = self._accumulator._value  # this task's own value, sent when it ends
-        old = values.get(key)
-        values[key] = state if old is None else merge_state(kind, old, state)
+        values[key] = add_state(kind, values.get(key), state)
 
 
 def _restore(name: str, kind: Kind, accumulator: Accumulator[dict[Key, State]]) -> Metric:

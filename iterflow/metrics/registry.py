@@ -51,15 +51,9 @@ def merge_state(kind: Kind, a: State, b: State) -> State:
     return max(a, b)  # gauge: (stamp, value), the latest wins
 
 
-def merge_states(
-    kind: Kind, states: Iterable[State | None], start: State | None = None
-) -> State | None:
-    """Every state of ``states`` merged into ``start`` (None means nothing recorded)."""
-    total = start
-    for state in states:
-        if state is not None:
-            total = state if total is None else merge_state(kind, total, state)
-    return total
+def add_state(kind: Kind, total: State | None, state: State) -> State:
+    """``state`` merged into ``total`` (None: nothing recorded yet)."""
+    return state if total is None else merge_state(kind, total, state)
 
 
 def state_value(kind: Kind, state: State | None) -> Value:
@@ -224,7 +218,7 @@ class RunMetrics:
             epoch = 0 if self._current is None else self._current
             cells = self._rounds.setdefault(epoch, _Round()).driver
             key = (name, kind)
-            cells[key] = merge_states(kind, [state], cells.get(key))
+            cells[key] = add_state(kind, cells.get(key), state)
 
     def start_round(self, epoch: int) -> None:
         """Round ``epoch`` starts: earlier rounds are sealed into the totals."""
@@ -260,19 +254,13 @@ class RunMetrics:
         """The run ended: seal every round and return the totals."""
         with self._lock:
             self._seal(lambda e: True)
-            return self._totals({}, {})
+            return self._results(self._committed, self._attempted)
 
     def export(self) -> dict[str, Any]:
         """The committed and attempted states so far, for a durable checkpoint."""
         executor = self._executor_states()
         with self._lock:
-            committed = dict(self._committed)
-            attempted = dict(self._attempted)
-            for epoch, round_ in self._rounds.items():
-                states = self._epoch_states(epoch, executor)
-                self._fold(attempted, states)
-                if round_.completed:
-                    self._fold(committed, states)
+            committed, attempted = self._running_totals(executor)
             return {
                 "kinds": dict(self._kinds),
                 "committed": committed,
@@ -312,14 +300,7 @@ class RunMetrics:
         """Committed and attempted totals, including the rounds not sealed yet."""
         executor = self._executor_states()
         with self._lock:
-            committed: dict[str, State] = {}
-            attempted: dict[str, State] = {}
-            for epoch, round_ in self._rounds.items():
-                for (name, kind), state in self._epoch_states(epoch, executor).items():
-                    attempted[name] = merge_states(kind, [state], attempted.get(name))
-                    if round_.completed:
-                        committed[name] = merge_states(kind, [state], committed.get(name))
-            return self._totals(committed, attempted)
+            return self._results(*self._running_totals(executor))
 
     def snapshot(self, final: bool) -> MetricsSnapshot:
         """The totals as a snapshot for sinks."""
@@ -341,7 +322,7 @@ class RunMetrics:
         for (e, name, kind), state in executor.items():
             if e == epoch:
                 self._kinds.setdefault(name, kind)
-                states[(name, kind)] = merge_states(kind, [state], states.get((name, kind)))
+                states[(name, kind)] = add_state(kind, states.get((name, kind)), state)
         return states
 
     def _seal(self, which: Callable[[int], bool]) -> None:
@@ -362,20 +343,28 @@ class RunMetrics:
     @staticmethod
     def _fold(totals: dict[str, State], states: Mapping[tuple[str, Kind], State]) -> None:
         for (name, kind), state in states.items():
-            totals[name] = merge_states(kind, [state], totals.get(name))
+            totals[name] = add_state(kind, totals.get(name), state)
 
-    def _totals(
+    def _running_totals(
+        self, executor: ExecutorStates
+    ) -> tuple[dict[str, State], dict[str, State]]:
+        """Committed and attempted states: the sealed totals plus the rounds not sealed yet."""
+        committed, attempted = dict(self._committed), dict(self._attempted)
+        for epoch, round_ in self._rounds.items():
+            states = self._epoch_states(epoch, executor)
+            self._fold(attempted, states)
+            if round_.completed:
+                self._fold(committed, states)
+        return committed, attempted
+
+    def _results(
         self, committed: Mapping[str, State], attempted: Mapping[str, State]
     ) -> dict[str, MetricResult]:
         return {
             name: MetricResult(
                 kind=kind,
-                committed=state_value(
-                    kind, merge_states(kind, [committed.get(name)], self._committed.get(name))
-                ),
-                attempted=state_value(
-                    kind, merge_states(kind, [attempted.get(name)], self._attempted.get(name))
-                ),
+                committed=state_value(kind, committed.get(name)),
+                attempted=state_value(kind, attempted.get(name)),
             )
             for name, kind in sorted(self._kinds.items())
         }
