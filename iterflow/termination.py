@@ -178,6 +178,12 @@ def check_converged_value(value: Any, epoch: int) -> float:
     return number
 
 
+def max_rounds_of(conditions: Sequence[Condition]) -> int | None:
+    """The smallest ``max_rounds(n)`` among ``conditions`` (leaves), or None without one."""
+    bounds = [c.n for c in conditions if isinstance(c, MaxRounds)]
+    return min(bounds) if bounds else None
+
+
 def decide(
     conditions: Sequence[Condition],
     progress: RoundProgress,

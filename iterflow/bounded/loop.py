@@ -43,11 +43,11 @@ from iterflow.termination import (
     Condition,
     Converged,
     Empty,
-    MaxRounds,
     Termination,
     check_converged_value,
     decide,
     flatten,
+    max_rounds_of,
 )
 
 #: Rollbacks to a durable checkpoint one run may make before it gives up.
@@ -287,11 +287,11 @@ class RoundLoop:
 
     def _check_reachable(self, checkpoint: Checkpoint) -> None:
         """A run cannot resume past a static max_rounds it has already passed."""
-        bounds = [c.n for c in self.conditions if isinstance(c, MaxRounds)]
-        if not checkpoint.final and bounds and min(bounds) <= checkpoint.epoch + 1:
+        bound = max_rounds_of(self.conditions)
+        if not checkpoint.final and bound is not None and bound <= checkpoint.epoch + 1:
             raise IterflowValueError(
                 f"the checkpoint in '{self.checkpointing.store.root}' is at epoch "  # type: ignore[union-attr]
-                f"{checkpoint.epoch}, but max_rounds({min(bounds)}) ends the iteration at or "
+                f"{checkpoint.epoch}, but max_rounds({bound}) ends the iteration at or "
                 f"before it; pass max_rounds greater than {checkpoint.epoch + 1} to continue, "
                 "or resume=False to start over"
             )
@@ -299,12 +299,11 @@ class RoundLoop:
     def _extends(self, checkpoint: Checkpoint) -> bool:
         """True when a finished checkpoint continues: it stopped on max_rounds only, and
         the static max_rounds is larger now ("train 100 more rounds")."""
-        termination = checkpoint.driver.termination
-        bounds = [c.n for c in self.conditions if isinstance(c, MaxRounds)]
+        bound = max_rounds_of(self.conditions)
         return (
-            tuple(termination.reasons) == ("max_rounds",)
-            and bool(bounds)
-            and (min(bounds) > checkpoint.epoch + 1)
+            tuple(checkpoint.driver.termination.reasons) == ("max_rounds",)
+            and bound is not None
+            and bound > checkpoint.epoch + 1
         )
 
     def _finished(self, checkpoint: Checkpoint) -> IterationResult:

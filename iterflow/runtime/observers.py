@@ -30,7 +30,7 @@ from iterflow.progress.events import EventLog
 from iterflow.progress.round import RoundProgress
 from iterflow.runtime.schema import describe_inputs
 from iterflow.runtime.session import spark_context
-from iterflow.termination import Condition, Converged, MaxRounds, Termination
+from iterflow.termination import Condition, Converged, Termination, max_rounds_of
 
 
 @attrs.frozen(kw_only=True)
@@ -52,11 +52,6 @@ def _open_log(path: str | os.PathLike[str] | None) -> EventLog | None:
             f"run(event_log='{os.fspath(path)}'): cannot open it ({exc.strerror}); "
             "pass a path in a writable directory"
         ) from exc
-
-
-def max_rounds_of(conditions: Sequence[Condition]) -> int | None:
-    bounds = [c.n for c in conditions if isinstance(c, MaxRounds)]
-    return min(bounds) if bounds else None
 
 
 class RunObservers:
