@@ -31,6 +31,8 @@ def path_ids() -> list[int]:
 
 
 class RoundCounter(itf.RoundListener):
+    """Counts the rounds it saw; its state survives restarts through state_dict."""
+
     def __init__(self) -> None:
         self.rounds = 0
 

@@ -12,13 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from checkpoint_kill_job import EVERY, ROUNDS, VERTICES, path_ids
 
 from iterflow.progress.events import read_events
 
 pytestmark = pytest.mark.spark
-
-sys.path.insert(0, str(Path(__file__).parent))
-from checkpoint_kill_job import EVERY, ROUNDS, VERTICES, path_ids  # noqa: E402
 
 JOB = Path(__file__).with_name("checkpoint_kill_job.py")
 

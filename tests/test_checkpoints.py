@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from checkpoint_kill_job import RoundCounter
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -16,22 +17,6 @@ from iterflow.progress.events import read_events, round_ends
 from iterflow.runtime.checkpoint import MARKER, epoch_dir
 
 pytestmark = pytest.mark.spark
-
-
-class RoundCounter(itf.RoundListener):
-    """Counts the rounds it saw; its state survives restarts through state_dict."""
-
-    def __init__(self) -> None:
-        self.rounds = 0
-
-    def on_round_end(self, ctx: itf.RoundEnd) -> None:
-        self.rounds += 1
-
-    def state_dict(self) -> dict[str, int]:
-        return {"rounds": self.rounds}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.rounds = state["rounds"]
 
 
 class Seen(itf.RoundListener):
