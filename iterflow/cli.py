@@ -20,6 +20,14 @@ def _positive(value: str) -> int:
     return number
 
 
+def _add_log_arguments(command: argparse.ArgumentParser) -> None:
+    """The event log and the run in it, as ``report`` and ``plot`` take them."""
+    command.add_argument("log", metavar="LOG", help="event log file (JSON lines)")
+    command.add_argument(
+        "--run", dest="run_id", default=None, help="run id (default: the last run in the file)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="iterflow", description="Bounded and unbounded iterations on Apache Spark."
@@ -59,10 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print one line per round (time, row counts, convergence value, estimates, "
         "user metrics) and a summary of one run recorded in an event log.",
     )
-    report.add_argument("log", metavar="LOG", help="event log file (JSON lines)")
-    report.add_argument(
-        "--run", dest="run_id", default=None, help="run id (default: the last run in the file)"
-    )
+    _add_log_arguments(report)
     report.set_defaults(run=run_report)
 
     plot = commands.add_parser(
@@ -71,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Draw one value per round of one run recorded in an event log, by default "
         "the convergence value, and save it as an image.",
     )
-    plot.add_argument("log", metavar="LOG", help="event log file (JSON lines)")
+    _add_log_arguments(plot)
     plot.add_argument(
         "-o",
         "--output",
@@ -87,9 +92,6 @@ def build_parser() -> argparse.ArgumentParser:
         "rounds_remaining_estimate, rows.NAME, observed.NAME or a user metric's name",
     )
     plot.add_argument("--log-y", action="store_true", help="logarithmic y axis")
-    plot.add_argument(
-        "--run", dest="run_id", default=None, help="run id (default: the last run in the file)"
-    )
     plot.set_defaults(run=run_plot)
     return parser
 
