@@ -115,32 +115,32 @@ class SparkBridge:
 
     def executor_states(self, run_id: str) -> ExecutorStates:
         """What executors recorded for ``run_id``: ``(epoch, name, kind) -> state``."""
+        return {(e, n, k): s for (r, e, n, k), s in self._states().items() if r == run_id}
+
+    def take_untagged(self) -> set[str]:
+        """Names of metrics that tasks of untagged jobs updated (jobs started outside a
+        round, e.g. from a plain Python thread) since the last call; forgets them."""
+        keys = [key for key in self._states() if key[0] == UNTAGGED]
+        self._drop(keys)
+        return {key[2] for key in keys}
+
+    def forget(self, run_id: str, epochs: Iterable[int]) -> None:
+        """Drop what executors recorded for sealed ``epochs`` of ``run_id``."""
+        sealed = set(epochs)
+        self._drop([key for key in self._states() if key[0] == run_id and key[1] in sealed])
+
+    def _states(self) -> dict[Key, State]:
+        """A copy of the accumulator's value; empty without one for the active context."""
         accumulator = self._accumulator
         if accumulator is None or self._context is not SparkContext._active_spark_context:
             return {}
         # A C-level copy: the accumulator server thread may be merging meanwhile.
-        states = dict(accumulator._value)
-        return {(e, n, k): s for (r, e, n, k), s in states.items() if r == run_id}
+        return dict(accumulator._value)
 
-    def untagged(self, *, clear: bool = False) -> set[str]:
-        """Names of metrics that tasks of untagged jobs updated (jobs started outside a
-        round, e.g. from a plain Python thread); ``clear`` forgets them."""
-        accumulator = self._accumulator
-        if accumulator is None or self._context is not SparkContext._active_spark_context:
-            return set()
-        keys = [k for k in dict(accumulator._value) if k[0] == UNTAGGED]
-        if clear:
+    def _drop(self, keys: Iterable[Key]) -> None:
+        if self._accumulator is not None:
             for key in keys:
-                accumulator._value.pop(key, None)
-        return {k[2] for k in keys}
-
-    def forget(self, run_id: str, epochs: Iterable[int]) -> None:
-        accumulator = self._accumulator
-        if accumulator is None:
-            return
-        sealed = set(epochs)
-        for key in [k for k in dict(accumulator._value) if k[0] == run_id and k[1] in sealed]:
-            accumulator._value.pop(key, None)
+                self._accumulator._value.pop(key, None)
 
     @contextmanager
     def round_property(

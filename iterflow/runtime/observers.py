@@ -81,7 +81,7 @@ class RunObservers:
         )
         self._pusher = MetricsPusher(self.metrics.snapshot, options.sinks)
         self._pusher.start()
-        BRIDGE.untagged(clear=True)  # updates from before this run are not its concern
+        BRIDGE.take_untagged()  # updates from before this run are not its concern
         self._warned_untagged: set[str] = set()
 
     @property
@@ -138,7 +138,7 @@ class RunObservers:
 
     def round_end(self, progress: RoundProgress, conditions: Sequence[Condition]) -> None:
         """Record and show round ``progress.epoch``, before listeners see it."""
-        missed = BRIDGE.untagged(clear=True) - self._warned_untagged
+        missed = BRIDGE.take_untagged() - self._warned_untagged
         if missed:
             self._warned_untagged |= missed
             warnings.warn(
