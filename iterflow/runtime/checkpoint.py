@@ -289,6 +289,18 @@ class CheckpointStore:
             self.files.delete(self._path(epoch_dir(epoch)))
 
 
+class CheckpointWriteError(IterflowError):
+    """The write of epoch ``epoch`` failed; earlier checkpoints are intact."""
+
+    def __init__(self, epoch: int, cause: BaseException) -> None:
+        super().__init__(
+            f"the checkpoint of epoch {epoch} failed ({type(cause).__name__}: {cause}); "
+            "earlier checkpoints are intact, and run() resumes from the last one"
+        )
+        self.epoch = epoch
+        self.__cause__ = cause
+
+
 class CheckpointWriter:
     """Runs checkpoint writes on a background thread, at most one pending at a time.
 
@@ -302,13 +314,7 @@ class CheckpointWriter:
         self._spark = spark
         self._asynchronous = asynchronous
         self._thread: threading.Thread | None = None
-        self._epoch: int | None = None
-        self._error: BaseException | None = None
-
-    @property
-    def pending(self) -> int | None:
-        """The epoch being written, or None."""
-        return self._epoch if self._thread is not None else None
+        self._error: CheckpointWriteError | None = None
 
     def submit(self, epoch: int, write: Callable[[], None]) -> None:
         """Start writing epoch ``epoch``; waits for the pending write first."""
@@ -317,7 +323,6 @@ class CheckpointWriter:
             self._run(epoch, write)
             self._raise()
             return
-        self._epoch = epoch
         self._thread = InheritableThread(
             target=self._run, args=(epoch, write), name=f"iterflow-checkpoint-{epoch}"
         )
@@ -338,11 +343,7 @@ class CheckpointWriter:
         try:
             write()
         except BaseException as exc:
-            self._error = IterflowError(
-                f"the checkpoint of epoch {epoch} failed ({type(exc).__name__}: {exc}); "
-                "earlier checkpoints are intact, and run() resumes from the last one"
-            )
-            self._error.__cause__ = exc
+            self._error = CheckpointWriteError(epoch, exc)
         finally:
             # Synchronous writes run on the loop's thread: give the user's settings back.
             for key, value in saved.items():
@@ -432,11 +433,11 @@ class Checkpointing:
         """
         try:
             self.writer.wait()
-        except IterflowError as exc:
+        except CheckpointWriteError as exc:
             if not lost_checkpoint_block(exc):
                 raise
             warnings.warn(
-                f"{str(exc).split(' failed')[0]} was skipped: a block of its data was lost "
+                f"the checkpoint of epoch {exc.epoch} was skipped: a block of its data was lost "
                 "before the write read it (an executor was lost); the next checkpoint covers "
                 "the rounds since the last one",
                 IterflowWarning,
