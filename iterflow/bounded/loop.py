@@ -231,6 +231,13 @@ class RoundLoop:
         variables = {name: self._aligned(name, df) for name, df in checkpoint.variables.items()}
         return {**self._data_inputs(), **variables}
 
+    def _release_variable_inputs(self) -> None:
+        """Unpersist the variables' starting values (bound, or read from a checkpoint): after
+        the first round of a start, the variables are that round's feedback."""
+        for name in self.variable_names or ():
+            if name in self.owned_inputs:
+                self.owned_inputs.pop(name).unpersist(blocking=False)
+
     def _own_inputs(self, inputs: Mapping[str, DataFrame]) -> None:
         for name, df in inputs.items():
             if name not in self.replay and name not in self.owned_inputs and persist_owned(df):
@@ -278,9 +285,7 @@ class RoundLoop:
         for df in self.held:
             release(df)
         self.held = []
-        for name in self.variable_names or ():
-            if name in self.owned_inputs:
-                self.owned_inputs.pop(name).unpersist(blocking=False)
+        self._release_variable_inputs()
         current = self._resume(checkpoint)
         self._own_inputs(current)
         return current
@@ -409,9 +414,7 @@ class RoundLoop:
         for df in finished:
             release(df)
         if epoch == self.start:
-            for name in self.variable_names or ():
-                if name in self.owned_inputs:
-                    self.owned_inputs.pop(name).unpersist(blocking=False)
+            self._release_variable_inputs()
         if self.checkpointing is not None and termination is None and self.checkpointing.due(epoch):
             self.checkpointing.write(epoch, self._driver_state(None), next_vars)
         return {**self._data_inputs(), **next_vars}, materialized_outputs, termination
