@@ -21,6 +21,7 @@ from iterflow.errors import DivergenceError, IterflowError, IterflowWarning, Rou
 from iterflow.progress import IterationEnd, RoundEnd, RoundListener, RoundProgress
 from iterflow.runtime.session import session
 from iterflow.termination import Condition, Termination, converged, empty, max_rounds, until
+from iterflow.unbounded import FileSink, UnboundedIteration, UnboundedQuery
 
 __version__ = "0.1.0"
 
@@ -29,6 +30,7 @@ __all__ = [
     "Condition",
     "Declaration",
     "DivergenceError",
+    "FileSink",
     "IterationBody",
     "IterationEnd",
     "IterationResult",
@@ -40,6 +42,8 @@ __all__ = [
     "RoundListener",
     "RoundProgress",
     "Termination",
+    "UnboundedIteration",
+    "UnboundedQuery",
     "__version__",
     "body",
     "converged",

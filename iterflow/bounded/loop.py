@@ -13,16 +13,15 @@ import warnings
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from functools import partial
-from typing import Any, NoReturn
+from typing import Any
 
 import attrs
 from pyspark.sql import DataFrame
 
-from iterflow.body import Declaration, IterationBody, RoundContext
+from iterflow.body import IterationBody, RoundContext
 from iterflow.bounded.result import IterationResult
 from iterflow.errors import (
     IterflowError,
-    IterflowTypeError,
     IterflowValueError,
     IterflowWarning,
     RoundError,
@@ -37,12 +36,10 @@ from iterflow.runtime.checkpoint import (
 )
 from iterflow.runtime.materialize import Materialized, materialize, persist_owned, release
 from iterflow.runtime.observers import RunObservers
-from iterflow.runtime.schema import is_numeric, schema_differences
+from iterflow.runtime.rounds import DeclarationCheck, RoundPlan, fail
 from iterflow.runtime.scope import CacheRegistry, SparkRoundScope
 from iterflow.termination import (
     Condition,
-    Converged,
-    Empty,
     Termination,
     check_converged_value,
     decide,
@@ -52,29 +49,6 @@ from iterflow.termination import (
 
 #: Rollbacks to a durable checkpoint one run may make before it gives up.
 MAX_ROLLBACKS = 3
-
-
-def _fail(epoch: int, stage: str, exc: BaseException) -> NoReturn:
-    """Re-raise ``exc`` from round ``epoch``; iterflow's own errors pass unchanged."""
-    if isinstance(exc, IterflowError):
-        raise exc
-    raise RoundError(epoch, stage, exc) from exc
-
-
-@attrs.frozen
-class _Round:
-    """One validated round: its Declaration and the termination leaves that apply."""
-
-    declaration: Declaration
-    conditions: tuple[Condition, ...]
-
-    @property
-    def criteria(self) -> list[Empty]:
-        return [c for c in self.conditions if isinstance(c, Empty)]
-
-    @property
-    def convergence(self) -> list[Converged]:
-        return [c for c in self.conditions if isinstance(c, Converged)]
 
 
 class RoundLoop:
@@ -98,12 +72,18 @@ class RoundLoop:
         self.replay = replay
         self.conditions = tuple(flatten(conditions))
         self.listeners = listeners
-        self.schemas = {name: df.schema for name, df in inputs.items()}
+        self.check = DeclarationCheck(
+            body.name,
+            {name: df.schema for name, df in inputs.items()},
+            self.conditions,
+            fixed=replay,
+            fixed_reason="is bound with replay=True but receives feedback; replay applies to "
+            "data inputs only, drop replay=True",
+        )
         self.state: dict[str, Any] = {}
         self.emitter = Emitter()
         self.caches = CacheRegistry()
         self.history: list[RoundProgress] = []
-        self.variable_names: tuple[str, ...] | None = None
         # Live checkpoints: the previous round's, then the current round's.
         self.held: list[DataFrame] = []
         # Inputs iterflow persisted at the start (data inputs and round-0 variables).
@@ -174,7 +154,7 @@ class RoundLoop:
             state=self.state,
             emitter=self.emitter,
         )
-        self.listeners.iteration_terminated(end, partial(_fail, epoch))
+        self.listeners.iteration_terminated(end, partial(fail, epoch))
         metrics = self.observers.terminated(termination, epoch + 1)
         if self.checkpointing is not None:
             # The final epoch is flushed before run() returns, with its outputs. If that
@@ -205,7 +185,7 @@ class RoundLoop:
 
     def _driver_state(self, termination: Termination | None) -> DriverState:
         return DriverState(
-            variable_names=self.variable_names or (),
+            variable_names=self.check.variable_names or (),
             state=self.state,
             listeners=self.listeners.state(),
             emitted=self.emitter.values,
@@ -215,26 +195,26 @@ class RoundLoop:
         )
 
     def _variables(self, current: Mapping[str, DataFrame]) -> dict[str, DataFrame]:
-        return {name: current[name] for name in self.variable_names or ()}
+        return {name: current[name] for name in self.check.variable_names or ()}
 
     def _resume(self, checkpoint: Checkpoint) -> dict[str, DataFrame]:
         """Restore the driver state of ``checkpoint``; the inputs of its next round."""
         driver = checkpoint.driver
         self.start = checkpoint.epoch + 1
-        self.variable_names = tuple(driver.variable_names)
+        self.check.variable_names = tuple(driver.variable_names)
         self.state.clear()
         self.state.update(driver.state)
         self.listeners.load_state(driver.listeners)
         self.emitter.values.clear()
         self.emitter.values.update({k: list(v) for k, v in driver.emitted.items()})
         self.history[:] = driver.history
-        variables = {name: self._aligned(name, df) for name, df in checkpoint.variables.items()}
+        variables = {n: self.check.aligned(n, df) for n, df in checkpoint.variables.items()}
         return {**self._data_inputs(), **variables}
 
     def _release_variable_inputs(self) -> None:
         """Unpersist the variables' starting values (bound, or read from a checkpoint): after
         the first round of a start, the variables are that round's feedback."""
-        for name in self.variable_names or ():
+        for name in self.check.variable_names or ():
             if name in self.owned_inputs:
                 self.owned_inputs.pop(name).unpersist(blocking=False)
 
@@ -337,8 +317,9 @@ class RoundLoop:
         try:
             declaration = self.body(inputs, ctx)
         except Exception as exc:
-            _fail(epoch, f"body '{self.body.name}'", exc)
-        plan = self._validate(epoch, declaration)
+            fail(epoch, f"body '{self.body.name}'", exc)
+        plan = self.check.check(epoch, declaration)
+        self.check.warn_unbounded(epoch, plan)
         feedback, outputs = plan.declaration.feedback, plan.declaration.outputs
 
         try:
@@ -349,11 +330,11 @@ class RoundLoop:
                 epoch=epoch,
             )
         except Exception as exc:
-            _fail(epoch, "materialization", exc)
+            fail(epoch, "materialization", exc)
         produced = list({id(df): df for df in done.frames.values()}.values())
         self.held.extend(produced)  # released with the rest if this round fails
         next_vars = {
-            name: self._aligned(name, done.frames[id(df)]) for name, df in feedback.items()
+            name: self.check.aligned(name, done.frames[id(df)]) for name, df in feedback.items()
         }
         materialized_outputs = {name: done.frames[id(df)] for name, df in outputs.items()}
         rows = {name: done.rows[id(df)] for name, df in [*feedback.items(), *outputs.items()]}
@@ -393,7 +374,7 @@ class RoundLoop:
         progress = self.observers.complete(progress, plan.conditions, self.history)
         self.history.append(progress)
         self.observers.round_end(progress, plan.conditions)
-        self.listeners.round_end(round_end(progress), partial(_fail, epoch))
+        self.listeners.round_end(round_end(progress), partial(fail, epoch))
         try:
             termination = decide(
                 plan.conditions,
@@ -403,7 +384,7 @@ class RoundLoop:
                 feedback_empty=all(rows[name] == 0 for name in feedback),
             )
         except Exception as exc:
-            _fail(epoch, "until predicate", exc)
+            fail(epoch, "until predicate", exc)
         self.observers.round_completed(epoch)
 
         # Round k is complete: release what round k-1 held and this round's caches.
@@ -423,16 +404,13 @@ class RoundLoop:
 
     def _data_inputs(self) -> dict[str, DataFrame]:
         return {
-            name: df for name, df in self.inputs.items() if name not in (self.variable_names or ())
+            name: df
+            for name, df in self.inputs.items()
+            if name not in (self.check.variable_names or ())
         }
 
-    def _aligned(self, name: str, df: DataFrame) -> DataFrame:
-        """``df`` with the columns in the order of input ``name``."""
-        order = self.schemas[name].fieldNames()
-        return df if df.columns == order else df.select(*order)
-
     def _convergence_values(
-        self, epoch: int, plan: _Round, done: Materialized, ctx: RoundEnd
+        self, epoch: int, plan: RoundPlan, done: Materialized, ctx: RoundEnd
     ) -> dict[Condition, float]:
         values: dict[Condition, float] = {}
         for condition in plan.convergence:
@@ -440,65 +418,11 @@ class RoundLoop:
                 try:
                     raw = condition.value(ctx)
                 except Exception as exc:
-                    _fail(epoch, "convergence value", exc)
+                    fail(epoch, "convergence value", exc)
             else:
                 raw = done.values[id(condition.value)]
             values[condition] = check_converged_value(raw, epoch)
         return values
-
-    def _validate(self, epoch: int, declaration: Any) -> _Round:
-        """Check a Declaration against the body's inputs before any Spark job runs."""
-        where = f"epoch {epoch}: body '{self.body.name}'"
-        if not isinstance(declaration, Declaration):
-            raise IterflowTypeError(
-                f"{where} returned {type(declaration).__name__}; "
-                "return itf.Declaration(feedback=..., outputs=..., until=...)"
-            )
-        for name in declaration.feedback:
-            if name not in self.inputs:
-                raise IterflowValueError(
-                    f"{where}: feedback '{name}' is not an input; feedback names must be "
-                    f"input names {list(self.inputs)} (use outputs= for results)"
-                )
-        names = tuple(declaration.feedback)
-        if self.variable_names is None:
-            replayed = sorted(set(names) & self.replay)
-            if replayed:
-                raise IterflowValueError(
-                    f"{where}: input '{replayed[0]}' is bound with replay=True but receives "
-                    "feedback; replay applies to data inputs only, drop replay=True"
-                )
-            self.variable_names = names
-        elif set(names) != set(self.variable_names):
-            raise IterflowValueError(
-                f"{where}: declared feedback for {sorted(names)} but round 0 declared "
-                f"{sorted(self.variable_names)}; declare the same feedback names every round"
-            )
-        for name, df in declaration.feedback.items():
-            problems = schema_differences(self.schemas[name], df.schema)
-            if problems:
-                raise IterflowValueError(
-                    f"{where}: feedback '{name}' does not match the schema of input "
-                    f"'{name}': " + "; ".join(problems)
-                )
-        conditions = (*self.conditions, *flatten([declaration.until]))
-        for condition in conditions:
-            if isinstance(condition, Converged) and not callable(condition.value):
-                fields = condition.value.schema.fields
-                if len(fields) != 1 or not is_numeric(fields[0].dataType):
-                    described = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in fields)
-                    raise IterflowValueError(
-                        f"{where}: the convergence value must have one numeric column, "
-                        f"it has ({described})"
-                    )
-        if epoch == 0 and not conditions and names:
-            warnings.warn(
-                f"body '{self.body.name}' has no max_rounds, criteria, convergence or "
-                "predicate condition; it stops only when its feedback is empty",
-                IterflowWarning,
-                stacklevel=5,
-            )
-        return _Round(declaration, conditions)
 
     def _release_all(self, keep: Mapping[str, DataFrame]) -> None:
         """Release everything iterflow holds but the result's outputs."""

@@ -50,6 +50,10 @@ def progress_to_dict(p: RoundProgress) -> dict[str, Any]:
         "converged_value": p.converged_value,
         "rounds_remaining_estimate": p.rounds_remaining_estimate,
         "eta_s": p.eta_s,
+        "batch_id": p.batch_id,
+        "input_rows": dict(p.input_rows),
+        "feedback_rows_in": dict(p.feedback_rows_in),
+        "backlog": dict(p.backlog),
     }
 
 

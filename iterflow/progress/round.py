@@ -21,6 +21,13 @@ class RoundProgress:
     the job that materialized it. ``observed`` maps each ``ctx.observe`` name to
     the rows Spark evaluated there, or None when Spark never evaluated it.
     ``criteria_empty`` is None when the round declared no ``itf.empty`` criteria.
+
+    Unbounded iterations fill in the rest: ``batch_id`` (the micro-batch whose
+    call ran the epoch, None outside one), ``input_rows`` (new rows of each
+    streaming input, None when Spark never evaluated it), ``feedback_rows_in``
+    (rows each variable received from the previous epoch) and ``backlog``
+    (``feedback_rows``: work feedback in flight after the epoch, plus what the
+    sources report as waiting, e.g. ``source.0.avgOffsetsBehindLatest``).
     """
 
     epoch: int
@@ -34,3 +41,7 @@ class RoundProgress:
     converged_value: float | None = None
     rounds_remaining_estimate: int | None = None
     eta_s: float | None = None
+    batch_id: int | None = None
+    input_rows: Mapping[str, int | None] = attrs.field(factory=dict, converter=_frozen_dict)
+    feedback_rows_in: Mapping[str, int] = attrs.field(factory=dict, converter=_frozen_dict)
+    backlog: Mapping[str, float] = attrs.field(factory=dict, converter=_frozen_dict)

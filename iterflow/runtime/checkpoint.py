@@ -99,6 +99,7 @@ class DriverState:
     history: list[Any]  # RoundProgress
     metrics: dict[str, Any]  # RunMetrics.export()
     termination: Any  # Termination of the final epoch, else None
+    stream: Any = None  # an unbounded iteration's position (unbounded/log.py)
 
 
 @attrs.frozen(kw_only=True)

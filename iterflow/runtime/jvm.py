@@ -169,3 +169,25 @@ class HadoopFiles:
 
     def delete(self, path: str) -> None:
         self._fs(path).delete(self._path(path), True)
+
+
+def in_session(df: DataFrame, spark: SparkSession) -> DataFrame:
+    """``df``'s plan as a DataFrame of ``spark``.
+
+    A ``foreachBatch`` micro-batch belongs to the streaming query's own session.
+    An observation registers with the session of the DataFrame it observes and
+    is delivered only by actions of that session, so an observed micro-batch
+    joined with the iteration's DataFrames would never report its rows. The
+    micro-batch plan is a ``LogicalRDD``, which any session can run.
+    """
+    if df.sparkSession is spark:
+        return df
+    try:
+        jvm: Any = spark._jvm
+        moved = jvm.org.apache.spark.sql.classic.Dataset.ofRows(
+            spark._jsparkSession, df._jdf.logicalPlan()
+        )
+        return DataFrame(moved, spark)
+    except Exception as exc:  # another Spark build: rows of inputs may then be unknown
+        log.warning("iterflow: a micro-batch cannot join the iteration's session (%s)", exc)
+        return df

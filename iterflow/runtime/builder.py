@@ -1,0 +1,131 @@
+"""What both iteration kinds share before they run: the body, bindings, listeners, sinks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import attrs
+from pyspark.sql import DataFrame, SparkSession
+
+from iterflow.body import IterationBody, body
+from iterflow.errors import IterflowTypeError, IterflowValueError
+from iterflow.metrics.pusher import validate_interval
+from iterflow.metrics.sinks import MetricsSink
+from iterflow.progress.listeners import ListenerSet
+from iterflow.runtime.session import session_of
+
+
+@attrs.frozen
+class Binding:
+    name: str
+    data: Any  # a DataFrame, or rows/pandas to turn into one with the run's session
+    replay: bool = False  # bounded: re-evaluate from the source every round
+    state: bool = False  # unbounded: a state variable, not work in flight
+
+
+Builder = TypeVar("Builder", bound="IterationBuilder")
+
+
+class IterationBuilder:
+    """The chainable set-up shared by ``BoundedIteration`` and ``UnboundedIteration``."""
+
+    kind = "Iteration"
+
+    def __init__(self, iteration_body: IterationBody | Callable[..., Any]) -> None:
+        if not isinstance(iteration_body, IterationBody):
+            if not callable(iteration_body):
+                raise IterflowTypeError(
+                    f"{self.kind} takes an iteration body (@itf.body function or "
+                    f"IterationBody), got {type(iteration_body).__name__}"
+                )
+            iteration_body = body(iteration_body)
+        self._body = iteration_body
+        self._input_names = iteration_body.input_names
+        self._bindings: dict[str, Binding] = {}
+        self._listeners = ListenerSet()
+        self._sinks: list[tuple[MetricsSink, float]] = []
+
+    @property
+    def body(self) -> IterationBody:
+        return self._body
+
+    def _bind(self, binding: Binding) -> None:
+        name = binding.name
+        if name not in self._input_names:
+            raise IterflowValueError(
+                f"bind('{name}'): body '{self._body.name}' has no input '{name}'; "
+                f"its inputs are {list(self._input_names)}"
+            )
+        if name in self._bindings:
+            raise IterflowValueError(
+                f"bind('{name}'): input '{name}' is bound already; bind each input once"
+            )
+        self._bindings[name] = binding
+
+    def listen(self: Builder, listener: Any, *, per_round: bool = False) -> Builder:
+        """Add a RoundListener or a function called as ``on_round_end``.
+
+        With ``per_round=True``, ``listener`` is a factory called for a fresh
+        instance every round.
+        """
+        self._listeners.add(listener, per_round=per_round)
+        return self
+
+    def push_metrics(self: Builder, sink: MetricsSink, *, every_s: float = 5.0) -> Builder:
+        """Push the run's metrics to ``sink`` every ``every_s`` seconds, and once at the end.
+
+        The final push completes before the run ends. A failing sink logs a
+        warning and never fails or stalls the iteration.
+        """
+        if not isinstance(sink, MetricsSink):
+            raise IterflowTypeError(
+                "push_metrics() takes a sink such as itf.metrics.JsonLinesSink(path), "
+                f"got {type(sink).__name__}"
+            )
+        self._sinks.append((sink, validate_interval(sink, every_s)))
+        return self
+
+    def _bound_inputs(
+        self, spark: SparkSession | None
+    ) -> tuple[SparkSession, dict[str, DataFrame]]:
+        """The session and every input as a DataFrame, in the body's order; all must be bound."""
+        unbound = [name for name in self._input_names if name not in self._bindings]
+        if unbound:
+            raise IterflowValueError(
+                f"body '{self._body.name}': input(s) {unbound} are not bound; "
+                + " ".join(f"call .bind('{name}', df)." for name in unbound)
+            )
+        frames = {
+            name: b.data for name, b in self._bindings.items() if isinstance(b.data, DataFrame)
+        }
+        active = session_of(frames, spark)
+        inputs = {
+            name: frames[name] if name in frames else _to_dataframe(active, name, b.data)
+            for name, b in self._bindings.items()
+        }
+        return active, {name: inputs[name] for name in self._input_names}
+
+
+def check_progress_option(progress: Any) -> None:
+    if progress is not None and not isinstance(progress, bool):
+        raise IterflowTypeError(f"progress=... takes True, False or None, got {progress!r}")
+
+
+def at_least_one(option: str, value: int, *, zero: bool = False) -> int:
+    """``value`` of ``option``, an int >= 1 (>= 0 when ``zero``)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise IterflowTypeError(f"{option}=... takes an int, got {value!r}")
+    if value < (0 if zero else 1):
+        raise IterflowValueError(f"{option}={value}: pass {0 if zero else 1} or more")
+    return value
+
+
+def _to_dataframe(spark: SparkSession, name: str, data: Any) -> DataFrame:
+    try:
+        return spark.createDataFrame(data)
+    except Exception as exc:
+        raise IterflowTypeError(
+            f"bind('{name}', ...): cannot make a DataFrame of {type(data).__name__} ({exc}); "
+            "bind a DataFrame, a pandas DataFrame or a list of rows"
+        ) from exc

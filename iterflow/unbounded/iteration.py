@@ -1,0 +1,197 @@
+"""``UnboundedIteration``: an iteration body over streaming inputs, on Structured Streaming."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from iterflow.body import IterationBody
+from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
+from iterflow.runtime.builder import (
+    Binding,
+    IterationBuilder,
+    at_least_one,
+    check_progress_option,
+)
+from iterflow.runtime.checkpoint import Checkpointing, CheckpointOptions, fingerprint
+from iterflow.runtime.observers import ObserverOptions, RunObservers
+from iterflow.runtime.schema import describe_inputs
+from iterflow.runtime.session import spark_context
+from iterflow.unbounded.epochs import EpochLoop, EpochOptions
+from iterflow.unbounded.inputs import combined
+from iterflow.unbounded.query import UnboundedQuery
+from iterflow.unbounded.sinks import Sink, sink_of
+
+#: Under ``checkpoint_location``: Spark's own streaming checkpoint, and iterflow's epoch log.
+STREAM_DIR = "stream"
+EPOCHS_DIR = "epochs"
+
+
+class UnboundedIteration(IterationBuilder):
+    """An iteration whose inputs never end, run on Structured Streaming.
+
+    Each micro-batch of the streaming inputs starts an epoch; work feedback is
+    processed in further epochs before new input (feedback first); a state
+    variable carries a value (a model, a total) from epoch to epoch.
+
+    Example::
+
+        query = (itf.UnboundedIteration(online_step)
+                   .bind("model", initial_model, state=True)
+                   .bind("points", spark.readStream.schema(s).json(folder))
+                   .sink("model", itf.FileSink(out))
+                   .start(checkpoint_location=ckpt, available_now=True))
+        query.await_termination()
+    """
+
+    kind = "UnboundedIteration"
+
+    def __init__(self, iteration_body: IterationBody | Callable[..., Any]) -> None:
+        super().__init__(iteration_body)
+        self._sinks_by_output: dict[str, Sink] = {}
+
+    def bind(self, name: str, data: Any, *, state: bool = False) -> UnboundedIteration:
+        """Bind input ``name`` to a streaming DataFrame, or to a batch one.
+
+        A streaming input's rows arrive micro-batch by micro-batch. A variable
+        bound to a batch DataFrame takes it as its value at epoch 0; a data input
+        bound to one is cached once and available every epoch. ``state=True``
+        makes the variable a state variable: its feedback replaces its value each
+        epoch and is never work in flight.
+        """
+        self._bind(Binding(name, data, state=bool(state)))
+        return self
+
+    def sink(self, name: str, target: Any) -> UnboundedIteration:
+        """Send output ``name`` of every epoch to ``target``.
+
+        ``target`` is an ``itf.FileSink(path, format=...)`` (exactly once, crashes
+        included) or a function ``(df, epoch) -> None``, called at least once per
+        epoch and again with the same epoch and rows after a crash: make it
+        idempotent per epoch.
+        """
+        if not isinstance(name, str) or not name:
+            raise IterflowTypeError(f"sink() takes an output name (str), got {name!r}")
+        if name in self._sinks_by_output:
+            raise IterflowValueError(
+                f"sink('{name}'): output '{name}' has a sink already; one sink per output"
+            )
+        self._sinks_by_output[name] = sink_of(name, target)
+        return self
+
+    def start(
+        self,
+        *,
+        checkpoint_location: str | os.PathLike[str] | None = None,
+        available_now: bool = False,
+        processing_time: str | None = None,
+        max_rows_per_epoch: int | None = None,
+        max_feedback_rows: int = 0,
+        max_epochs_per_batch: int = 100,
+        progress: bool | None = None,
+        event_log: str | os.PathLike[str] | None = None,
+        spark: SparkSession | None = None,
+    ) -> UnboundedQuery:
+        """Start the streaming query; returns its handle at once.
+
+        ``checkpoint_location`` (required) holds Spark's streaming checkpoint and
+        iterflow's epoch log: ``start()`` again with the same location resumes
+        exactly where the last commit left off. ``available_now=True`` reads what
+        the inputs hold at start and ends once it and all work feedback are
+        processed; ``processing_time="10 seconds"`` starts a micro-batch at that
+        interval; without either, micro-batches run back to back until ``stop()``.
+
+        New input is taken only while at most ``max_feedback_rows`` work feedback
+        rows are in flight (feedback first; default 0: all of it is processed
+        first). ``max_rows_per_epoch`` cuts large micro-batches into several
+        epochs. After a micro-batch's input, up to ``max_epochs_per_batch``
+        epochs drain feedback before Spark may start the next micro-batch.
+        """
+        check_progress_option(progress)
+        if checkpoint_location is None:
+            raise IterflowValueError(
+                "start(checkpoint_location=...) is required: it holds the stream's offsets "
+                "and the epoch log that make restarts exactly once. Pass a directory "
+                "(local, hdfs://, s3a://...) that this query alone uses"
+            )
+        if available_now and processing_time is not None:
+            raise IterflowValueError(
+                f"start(available_now=True, processing_time='{processing_time}'): choose one "
+                "trigger"
+            )
+        options = EpochOptions(
+            max_rows_per_epoch=None
+            if max_rows_per_epoch is None
+            else at_least_one("max_rows_per_epoch", max_rows_per_epoch),
+            max_feedback_rows=at_least_one("max_feedback_rows", max_feedback_rows, zero=True),
+            max_epochs_per_batch=at_least_one("max_epochs_per_batch", max_epochs_per_batch),
+        )
+        active, inputs = self._bound_inputs(spark)
+        if spark_context(active) is None:
+            raise IterflowError(
+                "UnboundedIteration needs a classic SparkSession; under Spark Connect, "
+                "foreachBatch runs in a server-side process that cannot hold the epoch loop. "
+                "Run it where the driver is local (spark-submit, a notebook on the cluster)"
+            )
+        streams = tuple(name for name, df in inputs.items() if df.isStreaming)
+        if not streams:
+            raise IterflowValueError(
+                f"body '{self._body.name}': no input is a streaming DataFrame; bind at least "
+                "one spark.readStream... input, or run a BoundedIteration over batch inputs"
+            )
+        state_names = frozenset(name for name, b in self._bindings.items() if b.state)
+        location = os.fspath(checkpoint_location).rstrip("/")
+        description = {
+            name: {**described, "state": name in state_names, "streaming": name in streams}
+            for name, described in describe_inputs(inputs, ()).items()
+        }
+        checkpointing = Checkpointing(
+            active,
+            CheckpointOptions(
+                directory=f"{location}/{EPOCHS_DIR}", every=1, asynchronous=False, keep=2
+            ),
+            fingerprint(self._body.name, description),
+        )
+        observers = RunObservers(
+            iteration=self._body.name,
+            spark=active,
+            options=ObserverOptions(
+                progress=progress, event_log=event_log, sinks=tuple(self._sinks)
+            ),
+            static_conditions=(),
+        )
+        loop = EpochLoop(
+            body=self._body,
+            spark=active,
+            inputs=inputs,
+            streams=streams,
+            state_names=state_names,
+            sinks=self._sinks_by_output,
+            listeners=self._listeners,
+            observers=observers,
+            checkpointing=checkpointing,
+            options=options,
+        )
+        try:
+            resumed_from = loop.restore()
+            observers.started(inputs, set(), (), resumed_from)
+            writer = (
+                combined({name: inputs[name] for name in streams})
+                .writeStream.foreachBatch(loop.on_batch)
+                .option("checkpointLocation", f"{location}/{STREAM_DIR}")
+            )
+            if available_now:
+                writer = writer.trigger(availableNow=True)
+            elif processing_time is not None:
+                writer = writer.trigger(processingTime=processing_time)
+            stream = writer.start()
+        except BaseException as exc:
+            loop.failed(exc)
+            loop.close()
+            raise
+        return UnboundedQuery(
+            loop, stream, available_now=bool(available_now), resumed_from=resumed_from
+        )

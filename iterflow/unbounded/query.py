@@ -1,0 +1,151 @@
+"""The handle of a started unbounded iteration: wait for it, stop it, watch its epochs."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+from pyspark.sql.streaming import StreamingQuery
+
+from iterflow.progress.round import RoundProgress
+from iterflow.termination import Termination
+from iterflow.unbounded.epochs import EpochLoop
+
+#: How often the watcher looks at the streaming query (seconds).
+POLL_S = 0.1
+
+
+class UnboundedQuery:
+    """A running unbounded iteration, returned by ``UnboundedIteration.start()``.
+
+    A watcher thread follows the Structured Streaming query: when the stream is
+    idle it drains feedback left in flight (processing-time triggers); when the
+    inputs have ended (available-now) it drains what is left and ends the
+    iteration; it reports the outcome to listeners and observers once.
+    """
+
+    def __init__(
+        self, loop: EpochLoop, stream: StreamingQuery, *, available_now: bool, resumed_from: Any
+    ) -> None:
+        self._loop = loop
+        self._stream = stream
+        self._available_now = available_now
+        self.resumed_from: int | None = resumed_from
+        self._stopping = threading.Event()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._termination: Termination | None = None
+        loop.source_backlog = self._source_backlog
+        self._watcher = threading.Thread(
+            target=self._watch, name=f"iterflow-unbounded-{loop.body.name}", daemon=True
+        )
+        self._watcher.start()
+
+    # -- public ----------------------------------------------------------------------
+
+    @property
+    def progress(self) -> list[RoundProgress]:
+        """Per-epoch progress, oldest first (the most recent 1,000 epochs)."""
+        return list(self._loop.history)
+
+    @property
+    def termination(self) -> Termination | None:
+        """Why the iteration ended (``"inputs_ended"`` or ``"stopped"``); None while running."""
+        return self._termination
+
+    @property
+    def exception(self) -> BaseException | None:
+        """The error that ended the iteration, or None."""
+        return self._error
+
+    @property
+    def is_active(self) -> bool:
+        return not self._done.is_set()
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """What the iteration is doing now: state, last epoch, feedback in flight, stream status."""
+        loop = self._loop
+        if self._done.is_set():
+            state = "failed" if self._error is not None else "terminated"
+        else:
+            state = "stopping" if self._stopping.is_set() else "running"
+        stream: dict[str, Any] = {}
+        with contextlib.suppress(Exception):  # the query is gone
+            stream = dict(self._stream.status)
+        return {
+            "state": state,
+            "epoch": loop.epoch,
+            "committed_epoch": loop.committed_epoch,
+            "batch_id": loop.batch_id,
+            "feedback_rows_in_flight": loop.in_flight,
+            "termination": None if self._termination is None else self._termination.reason,
+            "stream": stream,
+        }
+
+    def await_termination(self, timeout: float | None = None) -> bool:
+        """Wait until the iteration ends; True when it has. Raises the error that failed it."""
+        ended = self._done.wait(timeout)
+        if ended and self._error is not None:
+            raise self._error
+        return ended
+
+    def stop(self) -> None:
+        """Stop the stream after the epochs of the current micro-batch; committed work stays.
+
+        A later ``start()`` with the same checkpoint location continues from there.
+        """
+        self._stopping.set()
+        self._stream.stop()
+        self._done.wait()
+
+    def __repr__(self) -> str:
+        status = self.status
+        return (
+            f"<UnboundedQuery '{self._loop.body.name}' {status['state']} "
+            f"epoch={status['epoch']} in_flight={status['feedback_rows_in_flight']}>"
+        )
+
+    # -- the watcher ---------------------------------------------------------------------
+
+    def _source_backlog(self) -> dict[str, float]:
+        """What the sources report as waiting, from the last finished micro-batch."""
+        backlog: dict[str, float] = {}
+        last: Any = self._stream.lastProgress or {}
+        for index, source in enumerate(last.get("sources", [])):
+            for key, value in (source.get("metrics") or {}).items():
+                try:
+                    backlog[f"source.{index}.{key}"] = float(value)
+                except (TypeError, ValueError):
+                    continue
+        return backlog
+
+    def _watch(self) -> None:
+        loop = self._loop
+        try:
+            while True:
+                try:
+                    if self._stream.awaitTermination(POLL_S):  # type: ignore[arg-type]
+                        break
+                except Exception as exc:
+                    if self._stopping.is_set():
+                        break  # an epoch cut short by stop(); nothing of it was committed
+                    if loop.error is None:
+                        raise
+                    raise loop.error from loop.error.__cause__  # the round's own error, as raised
+                if not self._available_now and not self._stopping.is_set() and loop.in_flight > 0:
+                    loop.drain_idle()
+            if self._stopping.is_set():
+                self._termination = loop.terminate("stopped")
+            else:
+                loop.finish()
+                self._termination = loop.terminate("inputs_ended")
+        except BaseException as exc:
+            self._error = exc
+            loop.failed(exc)
+        finally:
+            try:
+                loop.close()
+            finally:
+                self._done.set()
