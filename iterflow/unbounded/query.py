@@ -128,7 +128,7 @@ class UnboundedQuery:
                 try:
                     if self._stream.awaitTermination(POLL_S):  # type: ignore[arg-type]
                         break
-                except Exception as exc:
+                except Exception:
                     if self._stopping.is_set():
                         break  # an epoch cut short by stop(); nothing of it was committed
                     if loop.error is None:
