@@ -11,7 +11,8 @@ import pytest
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.errors import IterflowError, IterflowValueError
+from iterflow.errors import IterflowTypeError, IterflowValueError
+from iterflow.progress.events import read_events
 
 
 def write_numbers(folder: Path, files: list[list[int]]) -> None:
@@ -61,3 +62,240 @@ def test_running_sum_over_files_is_exact_per_epoch_and_ends_available_now(spark,
     assert written == list(enumerate(expected))
     assert [p.input_rows["numbers"] for p in query.progress] == [len(f) for f in files]
     assert all(p.backlog["feedback_rows"] == 0 for p in query.progress)
+
+
+@itf.body
+def countdown(work):
+    """Work rows (id, n): each epoch takes one off n and drops the rows that reach 0."""
+    left = work.select("id", (F.col("n") - 1).alias("n")).where(F.col("n") > 0)
+    return itf.Declaration(feedback={"work": left}, outputs={"left": left})
+
+
+def countdown_stream(spark, folder: Path):
+    return (
+        spark.readStream.schema("id long, n long").option("maxFilesPerTrigger", 1).json(str(folder))
+    )
+
+
+def write_rows(folder: Path, files: list[list[dict]]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    start = time.time() - 1000
+    for index, rows in enumerate(files):
+        path = folder / f"part-{index:04d}.json"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        os.utime(path, (start + index, start + index))
+
+
+def run_countdown(spark, tmp_path: Path, files: list[list[dict]], **options):
+    write_rows(tmp_path / "in", files)
+    query = (
+        itf.UnboundedIteration(countdown)
+        .bind("work", countdown_stream(spark, tmp_path / "in"))
+        .start(
+            checkpoint_location=str(tmp_path / "ckpt"),
+            available_now=True,
+            progress=False,
+            **options,
+        )
+    )
+    assert query.await_termination(timeout=180)
+    return query
+
+
+def test_feedback_drains_after_the_input_ends_one_row_per_epoch(spark, tmp_path):
+    rows = [{"id": i, "n": i} for i in range(1, 8)]  # n = 1..7: one row reaches 0 per epoch
+    query = run_countdown(spark, tmp_path, [rows], max_epochs_per_batch=2)
+    progress = query.progress
+    assert len(progress) == 7
+    assert [p.rows["work"] for p in progress] == [6, 5, 4, 3, 2, 1, 0]
+    assert [p.input_rows["work"] for p in progress] == [7, 0, 0, 0, 0, 0, 0]
+    # Epochs 0-2 ran in the micro-batch's call (its rows, then 2 drain epochs); the rest
+    # drained after the stream had ended.
+    assert [p.batch_id for p in progress] == [0, 0, 0, None, None, None, None]
+    assert query.termination.reason == "inputs_ended"
+    assert query.termination.epoch == 6
+
+
+def feedback_first(files: list[list[int]], bound: int, budget: int) -> list[tuple[int, int]]:
+    """The rule, written out: (input rows, feedback rows in) of each epoch, for files of
+    countdown values with micro-batches of one file."""
+    waiting: list[int] = []
+    epochs: list[tuple[int, int]] = []
+
+    def epoch(new: list[int]) -> None:
+        nonlocal waiting
+        epochs.append((len(new), len(waiting)))
+        waiting = [n - 1 for n in new + waiting if n > 1]
+
+    for new in files:
+        while len(waiting) > bound:
+            epoch([])
+        epoch(new)
+        for _ in range(budget):
+            if waiting:
+                epoch([])
+    while waiting:
+        epoch([])
+    return epochs
+
+
+@pytest.mark.parametrize(("bound", "budget"), [(0, 1), (2, 1), (0, 100)])
+def test_feedback_is_consumed_before_new_input_up_to_the_backpressure_bound(
+    spark, tmp_path, bound, budget
+):
+    countdowns = [[3, 3], [3, 3], [2], [3, 1, 2]]
+    files = [
+        [{"id": 10 * f + i, "n": n} for i, n in enumerate(ns)] for f, ns in enumerate(countdowns)
+    ]
+    query = run_countdown(
+        spark, tmp_path, files, max_feedback_rows=bound, max_epochs_per_batch=budget
+    )
+    seen = [(p.input_rows["work"], p.feedback_rows_in.get("work", 0)) for p in query.progress]
+    assert seen == feedback_first(countdowns, bound, budget)
+    assert all(fed <= bound for new, fed in seen if new > 0)
+
+
+def test_max_rows_per_epoch_cuts_a_micro_batch_into_epochs(spark, tmp_path):
+    rows = [{"id": i, "n": 2} for i in range(5)]
+    query = run_countdown(spark, tmp_path, [rows], max_rows_per_epoch=2)
+    seen = [(p.input_rows["work"], p.feedback_rows_in.get("work", 0)) for p in query.progress]
+    assert seen == [(2, 0), (0, 2), (2, 0), (0, 2), (1, 0), (0, 1)]
+    assert {p.batch_id for p in query.progress} == {0}
+
+
+def test_a_second_start_continues_from_the_commit_with_new_files(spark, tmp_path):
+    first, second = [[1, 2], [3]], [[4], [5, 6]]
+    write_numbers(tmp_path / "in", first)
+    calls: list[tuple[int, int]] = []
+
+    def start():
+        return (
+            itf.UnboundedIteration(running_sum)
+            .bind("total", spark.createDataFrame([(0,)], "total long"), state=True)
+            .bind("numbers", numbers_stream(spark, tmp_path / "in"))
+            .sink("total", lambda df, epoch: calls.append((epoch, df.first()["total"])))
+            .start(checkpoint_location=str(tmp_path / "ckpt"), available_now=True)
+        )
+
+    query = start()
+    assert query.await_termination(timeout=120) and query.resumed_from is None
+    write_numbers(tmp_path / "more", second)  # new files, newer than the first ones
+    for path in sorted((tmp_path / "more").iterdir()):
+        os.replace(path, tmp_path / "in" / f"later-{path.name}")
+    query = start()
+    assert query.await_termination(timeout=120)
+    assert query.resumed_from == 1
+    assert calls == [(0, 3), (1, 6), (2, 10), (3, 21)]
+    assert [p.epoch for p in query.progress] == [0, 1, 2, 3]
+
+
+def test_processing_time_runs_until_stop_and_drains_while_idle(spark, tmp_path):
+    rows = [{"id": 0, "n": 6}]
+    write_rows(tmp_path / "in", [rows])
+    ended: list[itf.IterationEnd] = []
+
+    class Ends(itf.RoundListener):
+        def on_iteration_terminated(self, ctx):
+            ended.append(ctx)
+
+    query = (
+        itf.UnboundedIteration(countdown)
+        .bind("work", countdown_stream(spark, tmp_path / "in"))
+        .listen(Ends())
+        .start(
+            checkpoint_location=str(tmp_path / "ckpt"),
+            processing_time="100 milliseconds",
+            max_epochs_per_batch=1,
+        )
+    )
+    deadline = time.monotonic() + 60
+    while query.status["epoch"] < 5 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert query.status["feedback_rows_in_flight"] == 0
+    assert not query.await_termination(timeout=0.5)  # idle, not ended
+    query.stop()
+    assert query.termination.reason == "stopped"
+    assert [p.rows["work"] for p in query.progress] == [1, 1, 1, 1, 1, 0]
+    assert [p.batch_id for p in query.progress] == [0, 0, None, None, None, None]
+    assert len(ended) == 1 and ended[0].termination.reason == "stopped"
+
+
+def test_bad_bindings_and_sinks_are_clear_errors(spark, tmp_path):
+    stream = numbers_stream(spark, tmp_path)
+    total = spark.createDataFrame([(0,)], "total long")
+    with pytest.raises(IterflowValueError, match=r"'numbers'.*streaming.*UnboundedIteration"):
+        itf.BoundedIteration(running_sum).bind("numbers", stream)
+    with pytest.raises(IterflowValueError, match="no input is a streaming DataFrame"):
+        (
+            itf.UnboundedIteration(running_sum)
+            .bind("total", total, state=True)
+            .bind("numbers", spark.createDataFrame([(1,)], "x long"))
+            .start(checkpoint_location=str(tmp_path / "ckpt"))
+        )
+    with pytest.raises(IterflowValueError, match=r"checkpoint_location=...\) is required"):
+        itf.UnboundedIteration(running_sum).bind("total", total).bind("numbers", stream).start()
+    with pytest.raises(IterflowValueError, match="choose one trigger"):
+        itf.UnboundedIteration(running_sum).start(
+            checkpoint_location=str(tmp_path), available_now=True, processing_time="1 second"
+        )
+    with pytest.raises(IterflowTypeError, match=r"sink\('total', ...\) takes itf.FileSink"):
+        itf.UnboundedIteration(running_sum).sink("total", "/some/path")
+    with pytest.raises(IterflowValueError, match="FileSink\\(format='delta'\\)"):
+        itf.FileSink(str(tmp_path), format="delta")
+
+
+def test_a_sink_for_an_undeclared_output_fails_the_first_epoch(spark, tmp_path):
+    write_numbers(tmp_path / "in", [[1]])
+    query = (
+        itf.UnboundedIteration(running_sum)
+        .bind("total", spark.createDataFrame([(0,)], "total long"), state=True)
+        .bind("numbers", numbers_stream(spark, tmp_path / "in"))
+        .sink("predictions", itf.FileSink(str(tmp_path / "out")))
+        .start(checkpoint_location=str(tmp_path / "ckpt"), available_now=True)
+    )
+    with pytest.raises(IterflowValueError, match=r"epoch 0.*sink 'predictions' has no output"):
+        query.await_termination(timeout=120)
+    assert isinstance(query.exception, IterflowValueError)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_state_variable_without_feedback_is_an_error(spark, tmp_path):
+    @itf.body
+    def no_feedback(total, numbers):
+        return itf.Declaration(outputs={"numbers": numbers})
+
+    write_numbers(tmp_path / "in", [[1]])
+    query = (
+        itf.UnboundedIteration(no_feedback)
+        .bind("total", spark.createDataFrame([(0,)], "total long"), state=True)
+        .bind("numbers", numbers_stream(spark, tmp_path / "in"))
+        .start(checkpoint_location=str(tmp_path / "ckpt"), available_now=True)
+    )
+    with pytest.raises(IterflowValueError, match="'total' is bound with state=True"):
+        query.await_termination(timeout=120)
+
+
+def test_a_failing_body_fails_the_query_naming_the_epoch(spark, tmp_path):
+    @itf.body
+    def breaks(total, numbers, ctx):
+        if ctx.epoch == 1:
+            raise ZeroDivisionError("boom")
+        return running_sum({"total": total, "numbers": numbers}, ctx)
+
+    write_numbers(tmp_path / "in", [[1], [2], [3]])
+    query = (
+        itf.UnboundedIteration(breaks)
+        .bind("total", spark.createDataFrame([(0,)], "total long"), state=True)
+        .bind("numbers", numbers_stream(spark, tmp_path / "in"))
+        .start(
+            checkpoint_location=str(tmp_path / "ckpt"),
+            available_now=True,
+            event_log=str(tmp_path / "events.jsonl"),
+        )
+    )
+    with pytest.raises(itf.RoundError, match="epoch 1 failed in body 'breaks'") as caught:
+        query.await_termination(timeout=120)
+    assert isinstance(caught.value.__cause__, ZeroDivisionError)
+    events = read_events(tmp_path / "events.jsonl")
+    assert [e["event"] for e in events] == ["iteration_started", "round_end", "iteration_failed"]
+    assert events[-1]["epoch"] == 1

@@ -1,0 +1,316 @@
+"""Online (mini-batch) k-means as an unbounded iterflow body.
+
+The model is a state variable: one row per cluster with its ``center`` and its
+``weight`` (points absorbed so far, decayed). Every epoch assigns the epoch's
+new points to the nearest center, with numpy inside ``mapInArrow`` (one partial
+sum per cluster and partition), and moves each center to the weighted mean of
+its old position and its new points, as Spark MLlib's ``StreamingKMeans`` does::
+
+    weight' = weight * decay + n
+    center' = (center * weight * decay + sum of the new points) / weight'
+
+``run_online_kmeans`` runs the body the way a streaming job would: a
+background thread drops files of points into a watched folder while the query
+runs, one epoch per file.
+
+Uses only ``iterflow``'s public names, like any user would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+import iterflow as itf
+
+MODEL_SCHEMA = "cluster INT, center ARRAY<DOUBLE>, weight DOUBLE"
+POINTS_SCHEMA = "features ARRAY<DOUBLE>"
+
+
+def nearest_sums(
+    centers: np.ndarray, batches: Iterator[pa.RecordBatch]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per cluster: the sum of the points nearest to its center, and their count."""
+    k, dims = centers.shape
+    sums = np.zeros((k, dims))
+    counts = np.zeros(k, dtype=np.int64)
+    squared = (centers**2).sum(axis=1)
+    for batch in batches:
+        features = batch.column(0)
+        if len(features) == 0:
+            continue
+        points = features.flatten().to_numpy(zero_copy_only=False).reshape(-1, dims)
+        # |x - c|^2 = |x|^2 - 2 x.c + |c|^2; |x|^2 is the same for every center.
+        nearest = np.argmin(squared[None, :] - 2.0 * points @ centers.T, axis=1)
+        counts += np.bincount(nearest, minlength=k)
+        for cluster in range(k):
+            sums[cluster] += points[nearest == cluster].sum(axis=0)
+    return sums, counts
+
+
+def partial_sums_kernel(
+    centers: np.ndarray,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function: one row per cluster, ``cluster, n, s0..s{d-1}``."""
+    k, dims = centers.shape
+
+    def kernel(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        sums, counts = nearest_sums(centers, batches)
+        columns = [pa.array(np.arange(k, dtype=np.int32)), pa.array(counts)]
+        columns += [pa.array(sums[:, d]) for d in range(dims)]
+        names = ["cluster", "n", *(f"s{d}" for d in range(dims))]
+        yield pa.RecordBatch.from_arrays(columns, names=names)
+
+    return kernel
+
+
+def partial_sums_schema(dims: int) -> str:
+    return ", ".join(["cluster INT", "n LONG", *(f"s{d} DOUBLE" for d in range(dims))])
+
+
+def centers_of(model: DataFrame) -> np.ndarray:
+    """The model's centers as a (k, dims) array, in cluster order (a small collect)."""
+    rows = sorted(model.collect(), key=lambda r: r["cluster"])
+    return np.array([r["center"] for r in rows], dtype=float)
+
+
+def batch_sums(points: DataFrame, centers: np.ndarray) -> DataFrame:
+    """Per cluster, the sum (``total``, an array) and count (``n``) of its nearest new points."""
+    dims = centers.shape[1]
+    partial = points.select("features").mapInArrow(
+        partial_sums_kernel(centers), partial_sums_schema(dims)
+    )
+    summed = partial.groupBy("cluster").agg(
+        F.sum("n").alias("n"), *(F.sum(f"s{d}").alias(f"s{d}") for d in range(dims))
+    )
+    return summed.select("cluster", "n", F.array(*(f"s{d}" for d in range(dims))).alias("total"))
+
+
+def online_kmeans_step(decay: float = 1.0) -> itf.IterationBody:
+    """The body: ``model`` (state variable) and ``points`` (streaming input) in, new model out."""
+
+    @itf.body
+    def online_kmeans(model: DataFrame, points: DataFrame) -> itf.Declaration:
+        centers = centers_of(model)  # reading an input is allowed: it is materialized
+        sums = batch_sums(points, centers)
+        kept = F.col("weight") * F.lit(decay)
+        n = F.coalesce(F.col("n"), F.lit(0)).cast("double")
+        weight = kept + n
+        center = F.when(F.col("n").isNull() | (weight <= 0), F.col("center")).otherwise(
+            F.zip_with("center", "total", lambda c, s: (c * kept + s) / (kept + n))
+        )
+        new_model = model.join(sums, "cluster", "left").select(
+            "cluster", center.alias("center"), weight.alias("weight")
+        )
+        return itf.Declaration(feedback={"model": new_model}, outputs={"model": new_model})
+
+    return online_kmeans
+
+
+def initial_model(spark: SparkSession, centers: np.ndarray) -> DataFrame:
+    """A model with the given centers and weight 0 (the first points decide)."""
+    rows = [(i, [float(x) for x in c], 0.0) for i, c in enumerate(centers)]
+    return spark.createDataFrame(rows, MODEL_SCHEMA)
+
+
+def blobs(
+    rng: np.random.Generator, count: int, true_centers: np.ndarray, spread: float = 0.5
+) -> np.ndarray:
+    """``count`` points around ``true_centers`` (chosen uniformly), Gaussian noise ``spread``."""
+    chosen = rng.integers(0, len(true_centers), size=count)
+    return true_centers[chosen] + rng.normal(0.0, spread, size=(count, true_centers.shape[1]))
+
+
+# -- the streaming demo -------------------------------------------------------------
+
+
+def write_points(folder: str | os.PathLike[str], name: str, points: np.ndarray) -> Path:
+    """Write ``points`` as a JSON-lines file ``folder/name``, atomically.
+
+    The rows go to a hidden temporary file first (the file source ignores names
+    starting with ``.``), which is then renamed into place: a query watching
+    ``folder`` never reads a file half written.
+    """
+    target = Path(folder) / name
+    temporary = target.with_name(f".tmp-{name}")
+    with open(temporary, "w") as out:
+        out.writelines(json.dumps({"features": row}) + "\n" for row in points.tolist())
+    os.replace(temporary, target)
+    return target
+
+
+def nearest_distances(found: np.ndarray, true_centers: np.ndarray) -> np.ndarray:
+    """For each true center, its distance to the nearest of the ``found`` centers."""
+    gaps = np.linalg.norm(true_centers[:, None, :] - found[None, :, :], axis=2)
+    return np.asarray(gaps.min(axis=1))
+
+
+@contextlib.contextmanager
+def work_folder(folder: str | os.PathLike[str] | None) -> Iterator[Path]:
+    """``folder`` (created if missing; it must be empty), or a temporary directory removed after."""
+    if folder is None:
+        with tempfile.TemporaryDirectory(prefix="iterflow-kmeans-") as scratch:
+            yield Path(scratch)
+        return
+    root = Path(folder)
+    if root.exists() and any(root.iterdir()):
+        raise ValueError(f"folder '{root}' is not empty; give a new or empty folder")
+    root.mkdir(parents=True, exist_ok=True)
+    yield root
+
+
+@dataclass(frozen=True)
+class OnlineKMeansRun:
+    """What ``run_online_kmeans`` returns."""
+
+    centers: np.ndarray  # the final centers, (k, dims), in cluster order
+    true_centers: np.ndarray  # the centers the points were drawn around
+    epochs: int  # epochs run
+    points_written: int
+    points_consumed: int  # new points the epochs took; all of them unless timed out
+    seconds: float  # wall time, from start() until the last point was consumed
+    epoch_seconds: float  # the epochs' own time (the query idles while it waits for files)
+    termination: str | None  # "stopped" once stop() returned
+    progress: Sequence[itf.RoundProgress] = field(default_factory=list, repr=False)
+
+    @property
+    def center_error(self) -> float:
+        """The largest distance from a true center to the nearest final center."""
+        return float(nearest_distances(self.centers, self.true_centers).max())
+
+
+class EpochPrinter:
+    """A listener function: one line per epoch, and the latest centers and points consumed.
+
+    It defines no ``on_round_end``, so ``listen()`` calls it as a plain function
+    and checkpoints carry none of its attributes.
+    """
+
+    def __init__(self, centers: np.ndarray, out: Callable[[str], object] = print) -> None:
+        self.centers = centers
+        self.points = 0
+        self.epochs = 0
+        self.out = out
+
+    def __call__(self, end: itf.RoundEnd) -> None:
+        centers = centers_of(end.outputs["model"])  # materialized: a small collect
+        moved = float(np.linalg.norm(centers - self.centers, axis=1).max())
+        new_points = end.progress.input_rows.get("points") or 0
+        self.centers, self.epochs = centers, self.epochs + 1
+        self.points += new_points
+        self.out(
+            f"  epoch {end.epoch:4d}  {new_points:7d} points  largest move {moved:9.4f}"
+            f"  {end.progress.duration_s:6.2f} s"
+        )
+
+
+def run_online_kmeans(
+    spark: SparkSession,
+    *,
+    k: int = 8,
+    dims: int = 16,
+    files: int = 20,
+    points_per_file: int = 2000,
+    decay: float = 1.0,
+    spread: float = 0.5,
+    seed: int = 1,
+    folder: str | os.PathLike[str] | None = None,
+    interval_s: float = 0.2,
+    timeout_s: float = 300.0,
+    out: Callable[[str], object] = print,
+    event_log: str | os.PathLike[str] | None = None,
+    progress: bool | None = False,
+) -> OnlineKMeansRun:
+    """Stream ``files`` files of points through online k-means; stop once all are consumed.
+
+    ``k`` true centers are drawn uniformly from [-10, 10]^dims and the model
+    starts from them plus N(0, 1) noise. While the query runs, a background
+    thread writes file after file of ``points_per_file`` points (Gaussian blobs
+    of ``spread`` around the true centers), ``interval_s`` seconds apart, into
+    a folder the query watches; every file is one micro-batch, hence one epoch.
+    ``out`` gets one line per epoch. Once every point written has been
+    consumed (or ``timeout_s`` after the last file, at the latest) the query is
+    stopped.
+
+    ``folder`` holds the points (``points/``) and the checkpoint
+    (``checkpoint/``); by default it is a temporary directory, removed at the
+    end. ``event_log`` and ``progress`` go to ``start()``.
+    """
+    rng = np.random.default_rng(seed)
+    true_centers = rng.uniform(-10.0, 10.0, size=(k, dims))
+    start_centers = true_centers + rng.normal(0.0, 1.0, size=(k, dims))
+    batches = [blobs(rng, points_per_file, true_centers, spread) for _ in range(files)]
+    written = files * points_per_file
+
+    with work_folder(folder) as root:
+        incoming = root / "points"
+        incoming.mkdir()
+
+        printer = EpochPrinter(start_centers, out)
+        points = (
+            spark.readStream.schema(POINTS_SCHEMA)
+            .option("maxFilesPerTrigger", 1)  # one file per micro-batch: one epoch per file
+            .json(str(incoming))
+        )
+        started = time.perf_counter()
+        query = (
+            itf.UnboundedIteration(online_kmeans_step(decay))
+            .bind("model", initial_model(spark, start_centers), state=True)
+            .bind("points", points)
+            .listen(printer)
+            .start(
+                checkpoint_location=str(root / "checkpoint"),
+                processing_time="0 seconds",  # a micro-batch as soon as a file arrives
+                progress=progress,
+                event_log=event_log,
+            )
+        )
+
+        def feed(stop: threading.Event) -> None:
+            for index, batch in enumerate(batches):
+                if index and stop.wait(interval_s):
+                    return
+                write_points(incoming, f"points-{index:05d}.json", batch)
+
+        stop_feeding = threading.Event()
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kmeans-feed") as pool:
+            feeding = pool.submit(feed, stop_feeding)
+            try:
+                deadline = None
+                while printer.points < written:
+                    if query.await_termination(0.1):  # ended by itself: raises its error
+                        break
+                    if feeding.done():
+                        feeding.result()  # raises the writer's error, if any
+                        deadline = deadline or time.perf_counter() + timeout_s
+                    if deadline is not None and time.perf_counter() > deadline:
+                        break
+                seconds = time.perf_counter() - started
+            finally:
+                stop_feeding.set()
+                query.stop()
+        history = query.progress
+        return OnlineKMeansRun(
+            centers=printer.centers,
+            true_centers=true_centers,
+            epochs=printer.epochs,
+            points_written=written,
+            points_consumed=printer.points,
+            seconds=seconds,
+            epoch_seconds=sum(p.duration_s for p in history),
+            termination=None if query.termination is None else query.termination.reason,
+            progress=history,
+        )

@@ -1,0 +1,71 @@
+"""SIGKILL an unbounded iteration mid-stream in a child process, start it again on the same
+checkpoint location: the file sinks hold exactly the rows of an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from itertools import accumulate
+from pathlib import Path
+
+import pytest
+from test_unbounded import write_numbers
+
+pytestmark = pytest.mark.spark
+
+JOB = Path(__file__).with_name("unbounded_kill_job.py")
+FILES = [[100 * f + j for j in range(f % 3 + 1)] for f in range(16)]
+
+
+def test_a_killed_stream_restarts_without_losing_or_duplicating_a_row(spark, tmp_path: Path):
+    write_numbers(tmp_path / "in", FILES)
+    command = [
+        sys.executable,
+        str(JOB),
+        str(tmp_path / "in"),
+        str(tmp_path / "ckpt"),
+        str(tmp_path / "sinks"),
+        str(tmp_path / "out.json"),
+    ]
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    epochs = tmp_path / "ckpt" / "epochs"
+    child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while (
+        not list(epochs.glob("epoch-0000000[4-9]/_COMMITTED"))
+        and child.poll() is None
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.02)
+    assert child.poll() is None, "the stream ended before it could be killed"
+    time.sleep(0.15)  # into the next epoch's work
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert child.stderr is not None
+    child.stderr.close()
+    assert not (tmp_path / "out.json").exists()
+
+    finished = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["termination"] == "inputs_ended"
+    resumed_from = out["resumed_from"]
+    assert resumed_from is not None and 4 <= resumed_from < len(FILES) - 1
+
+    # An uninterrupted run: epoch i takes file i, and its total is the sum of files 0..i.
+    expected_totals = list(enumerate(accumulate(sum(f) for f in FILES)))
+    # The restarted process ran exactly the epochs after the commit it resumed from.
+    assert [tuple(t) for t in out["totals"]] == expected_totals[resumed_from + 1 :]
+    # ctx.state survived the kill: it counted every epoch once.
+    assert out["epochs_counted"] == len(FILES)
+
+    sinks = tmp_path / "sinks"
+    totals = spark.read.parquet(str(sinks / "total")).collect()
+    assert sorted((r["epoch"], r["total"]) for r in totals) == expected_totals
+    numbers = spark.read.parquet(str(sinks / "numbers")).collect()
+    expected_numbers = sorted((e, x) for e, f in enumerate(FILES) for x in f)
+    assert sorted((r["epoch"], r["x"]) for r in numbers) == expected_numbers
