@@ -299,3 +299,35 @@ def test_a_failing_body_fails_the_query_naming_the_epoch(spark, tmp_path):
     events = read_events(tmp_path / "events.jsonl")
     assert [e["event"] for e in events] == ["iteration_started", "round_end", "iteration_failed"]
     assert events[-1]["epoch"] == 1
+
+
+def test_two_streaming_inputs_are_split_per_micro_batch(spark, tmp_path):
+    @itf.body
+    def both(total, numbers, words):
+        counted = numbers.agg(F.count("*").alias("n")).crossJoin(
+            words.agg(F.count("*").alias("w"), F.max(F.length("word")).alias("longest"))
+        )
+        new_total = total.crossJoin(counted).select(
+            (F.col("total") + F.col("n") + F.col("w")).alias("total")
+        )
+        return itf.Declaration(feedback={"total": new_total}, outputs={"words": words})
+
+    write_numbers(tmp_path / "numbers", [[1, 2, 3]])
+    write_rows(tmp_path / "words", [[{"word": "feedback"}, {"word": "first"}]])
+    seen: list[itf.RoundProgress] = []
+    query = (
+        itf.UnboundedIteration(both)
+        .bind("total", spark.createDataFrame([(0,)], "total long"), state=True)
+        .bind("numbers", numbers_stream(spark, tmp_path / "numbers", files_per_trigger=5))
+        .bind("words", spark.readStream.schema("word string").json(str(tmp_path / "words")))
+        .listen(lambda end: seen.append(end.progress))
+        .sink("words", itf.FileSink(str(tmp_path / "out"), format="json"))
+        .start(checkpoint_location=str(tmp_path / "ckpt"), available_now=True, max_rows_per_epoch=4)
+    )
+    assert query.await_termination(timeout=120)
+    assert sum(p.input_rows["numbers"] for p in seen) == 3
+    assert sum(p.input_rows["words"] for p in seen) == 2
+    assert [p.rows["total"] for p in seen] == [1] * len(seen)
+    assert len(seen) == 2  # 5 rows in chunks of at most 4
+    words = itf.FileSink(str(tmp_path / "out"), format="json").read(spark).collect()
+    assert sorted(r["word"] for r in words) == ["feedback", "first"]
