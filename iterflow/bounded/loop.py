@@ -34,9 +34,9 @@ from iterflow.runtime.checkpoint import (
     DriverState,
     lost_checkpoint_block,
 )
-from iterflow.runtime.materialize import Materialized, materialize, persist_owned, release
+from iterflow.runtime.materialize import Materialized, persist_owned, release
 from iterflow.runtime.observers import RunObservers
-from iterflow.runtime.rounds import DeclarationCheck, RoundPlan, fail
+from iterflow.runtime.rounds import DeclarationCheck, RoundPlan, evaluate_round, fail
 from iterflow.runtime.scope import CacheRegistry, SparkRoundScope
 from iterflow.termination import (
     Condition,
@@ -314,30 +314,17 @@ class RoundLoop:
         clock = time.perf_counter()
         scope = SparkRoundScope(epoch, self.caches)
         ctx = RoundContext(epoch, self.state, scope)
-        try:
-            declaration = self.body(inputs, ctx)
-        except Exception as exc:
-            fail(epoch, f"body '{self.body.name}'", exc)
-        plan = self.check.check(epoch, declaration)
-        self.check.warn_unbounded(epoch, plan)
-        feedback, outputs = plan.declaration.feedback, plan.declaration.outputs
 
-        try:
-            done = materialize(
-                targets=[*feedback.values(), *outputs.values()],
-                criteria=[c.criteria for c in plan.criteria],
-                values=[c.value for c in plan.convergence if not callable(c.value)],
-                epoch=epoch,
-            )
-        except Exception as exc:
-            fail(epoch, "materialization", exc)
-        produced = list({id(df): df for df in done.frames.values()}.values())
+        def plan_of(declaration: Any) -> RoundPlan:
+            plan = self.check.check(epoch, declaration)
+            self.check.warn_unbounded(epoch, plan)
+            return plan
+
+        evaluated = evaluate_round(self.body, inputs, ctx, self.check, plan_of)
+        plan, done, rows = evaluated.plan, evaluated.done, evaluated.rows
+        produced = evaluated.produced
         self.held.extend(produced)  # released with the rest if this round fails
-        next_vars = {
-            name: self.check.aligned(name, done.frames[id(df)]) for name, df in feedback.items()
-        }
-        materialized_outputs = {name: done.frames[id(df)] for name, df in outputs.items()}
-        rows = {name: done.rows[id(df)] for name, df in [*feedback.items(), *outputs.items()]}
+        next_vars, materialized_outputs = evaluated.variables, evaluated.outputs
         criteria_empty: dict[Condition, bool] = {
             c: done.criteria_empty[id(c.criteria)] for c in plan.criteria
         }
@@ -381,7 +368,7 @@ class RoundLoop:
                 progress,
                 criteria_empty=criteria_empty,
                 converged_values=values,
-                feedback_empty=all(rows[name] == 0 for name in feedback),
+                feedback_empty=all(rows[name] == 0 for name in next_vars),
             )
         except Exception as exc:
             fail(epoch, "until predicate", exc)

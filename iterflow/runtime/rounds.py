@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, NoReturn
 
 import attrs
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
-from iterflow.body import Declaration
+from iterflow.body import Declaration, IterationBody, RoundContext
 from iterflow.errors import (
     IterflowError,
     IterflowTypeError,
@@ -18,6 +18,7 @@ from iterflow.errors import (
     IterflowWarning,
     RoundError,
 )
+from iterflow.runtime.materialize import Materialized, materialize
 from iterflow.runtime.schema import is_numeric, schema_differences
 from iterflow.termination import Condition, Converged, Empty, flatten
 
@@ -123,5 +124,52 @@ class DeclarationCheck:
                 f"body '{self.body_name}' has no max_rounds, criteria, convergence or "
                 "predicate condition; it stops only when its feedback is empty",
                 IterflowWarning,
-                stacklevel=5,
+                stacklevel=7,  # the user's run() call
             )
+
+
+@attrs.frozen
+class EvaluatedRound:
+    """A round's body called, its Declaration checked and materialized."""
+
+    plan: RoundPlan
+    done: Materialized
+    variables: dict[str, DataFrame]  # feedback, materialized, columns in input order
+    outputs: dict[str, DataFrame]  # materialized
+    rows: dict[str, int]  # of each feedback and output
+    produced: list[DataFrame]  # what the round holds until the next one completes
+
+
+def evaluate_round(
+    body: IterationBody,
+    inputs: Mapping[str, DataFrame],
+    ctx: RoundContext,
+    check: DeclarationCheck,
+    plan_of: Callable[[Any], RoundPlan],
+) -> EvaluatedRound:
+    """Call ``body`` for round ``ctx.epoch``, check its Declaration with ``plan_of``, and
+    materialize its feedback, outputs, criteria and convergence values."""
+    epoch = ctx.epoch
+    try:
+        declaration = body(inputs, ctx)
+    except Exception as exc:
+        fail(epoch, f"body '{body.name}'", exc)
+    plan = plan_of(declaration)
+    feedback, outputs = plan.declaration.feedback, plan.declaration.outputs
+    try:
+        done = materialize(
+            targets=[*feedback.values(), *outputs.values()],
+            criteria=[c.criteria for c in plan.criteria],
+            values=[c.value for c in plan.convergence if not callable(c.value)],
+            epoch=epoch,
+        )
+    except Exception as exc:
+        fail(epoch, "materialization", exc)
+    return EvaluatedRound(
+        plan=plan,
+        done=done,
+        variables={name: check.aligned(name, done.frames[id(df)]) for name, df in feedback.items()},
+        outputs={name: done.frames[id(df)] for name, df in outputs.items()},
+        rows={name: done.rows[id(df)] for name, df in [*feedback.items(), *outputs.items()]},
+        produced=list({id(df): df for df in done.frames.values()}.values()),
+    )

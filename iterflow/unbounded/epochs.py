@@ -38,7 +38,6 @@ from iterflow.progress.round import RoundProgress
 from iterflow.runtime.checkpoint import Checkpointing, DriverState
 from iterflow.runtime.jvm import in_session
 from iterflow.runtime.materialize import (
-    materialize,
     observe_rows,
     observed_rows,
     persist_owned,
@@ -46,7 +45,7 @@ from iterflow.runtime.materialize import (
     unique_observation,
 )
 from iterflow.runtime.observers import RunObservers
-from iterflow.runtime.rounds import DeclarationCheck, RoundPlan, fail
+from iterflow.runtime.rounds import DeclarationCheck, RoundPlan, evaluate_round, fail
 from iterflow.runtime.scope import CacheRegistry, SparkRoundScope
 from iterflow.termination import Termination
 from iterflow.unbounded.inputs import Chunks, split
@@ -240,28 +239,13 @@ class EpochLoop:
                 else:
                     inputs[name] = self.pending.get(name, self.inputs[name])
             feedback_in = dict(self.pending_rows)
-            try:
-                declaration = self.body(inputs, RoundContext(epoch, self.state, scope))
-            except Exception as exc:
-                fail(epoch, f"body '{self.body.name}'", exc)
-            plan = self._checked(epoch, declaration)
-            feedback, outputs = plan.declaration.feedback, plan.declaration.outputs
-            try:
-                done = materialize(
-                    targets=[*feedback.values(), *outputs.values()],
-                    criteria=[],
-                    values=[],
-                    epoch=epoch,
-                )
-            except Exception as exc:
-                fail(epoch, "materialization", exc)
-            produced = list({id(df): df for df in done.frames.values()}.values())
+            ctx = RoundContext(epoch, self.state, scope)
+            evaluated = evaluate_round(
+                self.body, inputs, ctx, self.check, partial(self._checked, epoch)
+            )
+            produced, rows = evaluated.produced, evaluated.rows
             self.held.extend(produced)
-            variables = {
-                name: self.check.aligned(name, done.frames[id(df)]) for name, df in feedback.items()
-            }
-            results = {name: done.frames[id(df)] for name, df in outputs.items()}
-            rows = {name: done.rows[id(df)] for name, df in [*feedback.items(), *outputs.items()]}
+            variables, results = evaluated.variables, evaluated.outputs
             for name, sink in self.sinks.items():
                 try:
                     sink.write(results[name], epoch, rows[name])
