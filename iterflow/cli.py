@@ -1,4 +1,4 @@
-"""The ``iterflow`` command: ``demo pagerank``, ``report LOG`` and ``plot LOG``."""
+"""The ``iterflow`` command: ``demo pagerank|online-kmeans``, ``report LOG``, ``plot LOG``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,20 @@ def _positive(value: str) -> int:
     number = int(value)
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
+    return number
+
+
+def _non_negative(value: str) -> float:
+    number = float(value)
+    if not number >= 0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return number
+
+
+def _fraction(value: str) -> float:
+    number = float(value)
+    if not 0 <= number <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value}")
     return number
 
 
@@ -60,6 +74,38 @@ def build_parser() -> argparse.ArgumentParser:
         "--event-log", metavar="PATH", default=None, help="append the run's events (JSON lines)"
     )
     pagerank.set_defaults(run=run_pagerank_demo)
+
+    kmeans = demos.add_parser(
+        "online-kmeans",
+        help="online k-means on points streamed into a watched folder",
+        description="Start an unbounded iteration (online k-means, as Spark MLlib's "
+        "StreamingKMeans) on a folder, write --files files of points into it one by one while "
+        "it runs, print a line per epoch, and stop once every point is consumed.",
+    )
+    kmeans.add_argument("--k", type=_positive, default=8, help="cluster count (default 8)")
+    kmeans.add_argument("--dims", type=_positive, default=16, help="dimensions (default 16)")
+    kmeans.add_argument("--files", type=_positive, default=20, help="files to stream (default 20)")
+    kmeans.add_argument(
+        "--points-per-file", type=_positive, default=2000, help="points per file (default 2000)"
+    )
+    kmeans.add_argument(
+        "--decay", type=_fraction, default=1.0, help="weight kept per epoch, 0..1 (default 1)"
+    )
+    kmeans.add_argument(
+        "--interval",
+        type=_non_negative,
+        default=0.2,
+        metavar="SECONDS",
+        help="pause between two files (default 0.2)",
+    )
+    kmeans.add_argument("--seed", type=int, default=1)
+    kmeans.add_argument(
+        "--master", default=None, help="Spark master URL (default: active session or local[*])"
+    )
+    kmeans.add_argument(
+        "--event-log", metavar="PATH", default=None, help="append the run's events (JSON lines)"
+    )
+    kmeans.set_defaults(run=run_online_kmeans_demo)
 
     report = commands.add_parser(
         "report",
@@ -144,6 +190,49 @@ def run_pagerank_demo(args: argparse.Namespace) -> int:
         print(f"event log: {args.event_log} (try: iterflow report {args.event_log})")
     result.release()
     edges.unpersist()
+    return 0
+
+
+def run_online_kmeans_demo(args: argparse.Namespace) -> int:
+    from iterflow.demo.online_kmeans import run_online_kmeans
+    from iterflow.runtime.session import embedded_session
+
+    spark = embedded_session(args.master) if args.master else itf.session()
+    spark.sparkContext.setLogLevel("ERROR")  # keep the demo's own lines readable
+    print(
+        f"iterflow demo online-kmeans: k={args.k}, {args.dims} dimensions, {args.files} files "
+        f"of {args.points_per_file} points, decay {args.decay:g}, "
+        f"master {spark.sparkContext.master}",
+        flush=True,
+    )
+    run = run_online_kmeans(
+        spark,
+        k=args.k,
+        dims=args.dims,
+        files=args.files,
+        points_per_file=args.points_per_file,
+        decay=args.decay,
+        seed=args.seed,
+        interval_s=args.interval,
+        out=lambda line: print(line, flush=True),
+        event_log=args.event_log,
+        progress=False,  # the demo prints a line per epoch instead
+    )
+    rate = run.points_consumed / run.epoch_seconds if run.epoch_seconds > 0 else float("nan")
+    print(
+        f"epochs: {run.epochs}  points: {run.points_consumed} of {run.points_written}  "
+        f"time: {run.seconds:.1f} s (in epochs {run.epoch_seconds:.1f} s, {rate:,.0f} points/s)"
+    )
+    print(f"centers: at most {run.center_error:.4f} from the true centers")
+    if args.event_log:
+        print(f"event log: {args.event_log} (try: iterflow report {args.event_log})")
+    if run.points_consumed < run.points_written:
+        print(
+            f"iterflow demo online-kmeans: only {run.points_consumed} of {run.points_written} "
+            "points were consumed before the time limit",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

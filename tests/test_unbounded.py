@@ -13,6 +13,7 @@ from pyspark.sql import functions as F
 import iterflow as itf
 from iterflow.errors import IterflowTypeError, IterflowValueError
 from iterflow.progress.events import read_events
+from iterflow.progress.report import format_report
 
 
 def write_numbers(folder: Path, files: list[list[int]]) -> None:
@@ -331,3 +332,44 @@ def test_two_streaming_inputs_are_split_per_micro_batch(spark, tmp_path):
     assert len(seen) == 2  # 5 rows in chunks of at most 4
     words = itf.FileSink(str(tmp_path / "out"), format="json").read(spark).collect()
     assert sorted(r["word"] for r in words) == ["feedback", "first"]
+
+
+def test_epochs_report_metrics_and_write_the_event_log(spark, tmp_path):
+    seen = itf.metrics.counter("numbers_seen")
+
+    @F.udf("long")
+    def counted(x):
+        seen.inc()
+        return x
+
+    @itf.body
+    def summing(total, numbers, ctx):
+        return running_sum(
+            {"total": total, "numbers": numbers.select(counted("x").alias("x"))}, ctx
+        )
+
+    files = [[1, 2, 3], [4], [5, 6]]
+    write_numbers(tmp_path / "in", files)
+    log = tmp_path / "events.jsonl"
+    query = (
+        itf.UnboundedIteration(summing)
+        .bind("total", spark.createDataFrame([(0,)], "total long"), state=True)
+        .bind("numbers", numbers_stream(spark, tmp_path / "in"))
+        .start(checkpoint_location=str(tmp_path / "ckpt"), available_now=True, event_log=str(log))
+    )
+    assert query.await_termination(timeout=120)
+    assert [p.metrics["numbers_seen"] for p in query.progress] == [3, 1, 2]
+    events = read_events(log)
+    assert [e["event"] for e in events] == ["iteration_started"] + ["round_end"] * 3 + [
+        "iteration_terminated"
+    ]
+    assert [e["input_rows"] for e in events[1:4]] == [
+        {"numbers": 3},
+        {"numbers": 1},
+        {"numbers": 2},
+    ]
+    assert [e["batch_id"] for e in events[1:4]] == [0, 1, 2]
+    assert events[-1]["termination"]["reason"] == "inputs_ended"
+    assert events[-1]["metrics"]["numbers_seen"]["committed"] == 6
+    report = format_report(events)
+    assert "inputs_ended" in report

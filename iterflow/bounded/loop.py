@@ -340,16 +340,7 @@ class RoundLoop:
         )
 
         def round_end(progress: RoundProgress) -> RoundEnd:
-            return RoundEnd(
-                epoch=epoch,
-                epoch_watermark=epoch,
-                inputs=inputs,
-                variables=next_vars,
-                outputs=materialized_outputs,
-                progress=progress,
-                state=self.state,
-                emitter=self.emitter,
-            )
+            return evaluated.round_end(ctx, inputs, progress, self.emitter)
 
         values = self._convergence_values(epoch, plan, done, round_end(progress))
         if values:

@@ -18,6 +18,8 @@ from iterflow.errors import (
     IterflowWarning,
     RoundError,
 )
+from iterflow.progress.listeners import Emitter, RoundEnd
+from iterflow.progress.round import RoundProgress
 from iterflow.runtime.materialize import Materialized, materialize
 from iterflow.runtime.schema import is_numeric, schema_differences
 from iterflow.termination import Condition, Converged, Empty, flatten
@@ -138,6 +140,25 @@ class EvaluatedRound:
     outputs: dict[str, DataFrame]  # materialized
     rows: dict[str, int]  # of each feedback and output
     produced: list[DataFrame]  # what the round holds until the next one completes
+
+    def round_end(
+        self,
+        ctx: RoundContext,
+        inputs: Mapping[str, DataFrame],
+        progress: RoundProgress,
+        emitter: Emitter,
+    ) -> RoundEnd:
+        """What listeners (and convergence callables) receive about this round."""
+        return RoundEnd(
+            epoch=ctx.epoch,
+            epoch_watermark=ctx.epoch,
+            inputs=inputs,
+            variables=self.variables,
+            outputs=self.outputs,
+            progress=progress,
+            state=ctx.state,
+            emitter=emitter,
+        )
 
 
 def evaluate_round(

@@ -33,7 +33,7 @@ from pyspark.sql.types import StructType
 
 from iterflow.body import IterationBody, RoundContext
 from iterflow.errors import IterflowError, IterflowValueError
-from iterflow.progress.listeners import Emitter, IterationEnd, ListenerSet, RoundEnd
+from iterflow.progress.listeners import Emitter, IterationEnd, ListenerSet
 from iterflow.progress.round import RoundProgress
 from iterflow.runtime.checkpoint import Checkpointing, DriverState
 from iterflow.runtime.jvm import in_session
@@ -269,16 +269,7 @@ class EpochLoop:
             self.history.append(progress)
             del self.history[:-RECENT_EPOCHS]
             self.observers.round_end(progress, ())
-            end = RoundEnd(
-                epoch=epoch,
-                epoch_watermark=epoch,
-                inputs=inputs,
-                variables=variables,
-                outputs=results,
-                progress=progress,
-                state=self.state,
-                emitter=self.emitter,
-            )
+            end = evaluated.round_end(ctx, inputs, progress, self.emitter)
             self.listeners.round_end(end, partial(fail, epoch))
             self.observers.round_completed(epoch)
 
