@@ -373,3 +373,37 @@ def test_epochs_report_metrics_and_write_the_event_log(spark, tmp_path):
     assert events[-1]["metrics"]["numbers_seen"]["committed"] == 6
     report = format_report(events)
     assert "inputs_ended" in report
+
+
+def test_stop_from_a_listener_commits_the_micro_batch_and_a_restart_continues(spark, tmp_path):
+    write_numbers(tmp_path / "in", [[1], [2], [3], [4]])
+    totals: list[tuple[int, int]] = []
+    holder: list[itf.UnboundedQuery] = []
+
+    def record(end):
+        totals.append((end.epoch, end.outputs["total"].first()["total"]))
+        if end.epoch == 1 and holder:
+            holder[0].stop()  # from inside the epoch: returns at once
+
+    def start(**options):
+        query = (
+            itf.UnboundedIteration(running_sum)
+            .bind("total", spark.createDataFrame([(0,)], "total long"), state=True)
+            .bind("numbers", numbers_stream(spark, tmp_path / "in"))
+            .listen(record)
+            .start(checkpoint_location=str(tmp_path / "ckpt"), **options)
+        )
+        holder[:] = [query]
+        return query
+
+    query = start(processing_time="200 milliseconds")
+    assert query.await_termination(timeout=120)
+    assert query.termination.reason == "stopped"
+    stopped_at = query.status["committed_epoch"]
+    assert stopped_at >= 1 and query.status["epoch"] == stopped_at
+    holder.clear()
+    query = start(available_now=True)
+    assert query.await_termination(timeout=120)
+    assert query.resumed_from == stopped_at
+    # Every epoch ran once, across the stop and the restart.
+    assert totals == [(0, 1), (1, 3), (2, 6), (3, 10)]

@@ -22,7 +22,8 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from functools import partial
 from typing import Any
@@ -56,6 +57,10 @@ from iterflow.unbounded.sinks import Sink
 INLINE_ROWS = 10_000
 #: Per-epoch progress kept in memory and in the epoch log.
 RECENT_EPOCHS = 1_000
+
+
+class StoppedError(IterflowError):
+    """A micro-batch arrived after ``stop()``; it is left for the next ``start()``."""
 
 
 @attrs.frozen(kw_only=True)
@@ -104,7 +109,9 @@ class EpochLoop:
         self.observers = observers
         self.checkpointing = checkpointing
         self.options = options
-        self.lock = threading.RLock()
+        self._lock = threading.RLock()
+        self._owner: int | None = None  # the thread running epochs now
+        self.stopping = threading.Event()
         self.check = DeclarationCheck(body.name, {n: df.schema for n, df in inputs.items()})
         self.empty = {name: spark.createDataFrame([], inputs[name].schema) for name in streams}
         self.state: dict[str, Any] = {}
@@ -124,6 +131,21 @@ class EpochLoop:
         self._first_epoch = 0
 
     # -- state -----------------------------------------------------------------------
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the loop: one thread at a time runs epochs or commits (re-entrant)."""
+        with self._lock:
+            previous, self._owner = self._owner, threading.get_ident()
+            try:
+                yield
+            finally:
+                self._owner = previous
+
+    @property
+    def in_epoch_thread(self) -> bool:
+        """True on the thread that runs epochs now (e.g. inside a listener)."""
+        return self._owner == threading.get_ident()
 
     @property
     def work_names(self) -> list[str]:
@@ -172,7 +194,10 @@ class EpochLoop:
 
     def on_batch(self, batch: DataFrame, batch_id: int) -> None:
         """The ``foreachBatch`` function: the epochs of micro-batch ``batch_id``, committed."""
-        with self.lock:
+        with self.exclusive():
+            if self.stopping.is_set():
+                # Not taken, so not committed: Spark reads it again on the next start().
+                raise StoppedError(f"micro-batch {batch_id} arrived after stop()")
             try:
                 if batch_id > self.batch_id:  # else: consumed before a crash, replayed by Spark
                     self._take(in_session(batch, self.spark), batch_id)
@@ -198,22 +223,23 @@ class EpochLoop:
                 chunks.release()
 
     def drain(self, limit: int | None, batch_id: int | None = None) -> int:
-        """Epochs on work feedback alone while any is in flight, at most ``limit``."""
+        """Epochs on work feedback alone while any is in flight, at most ``limit``; none
+        once the iteration is stopping (what is left is committed and continues later)."""
         ran = 0
-        while self.in_flight > 0 and (limit is None or ran < limit):
+        while self.in_flight > 0 and not self.stopping.is_set() and (limit is None or ran < limit):
             self.run_epoch(None, batch_id)
             ran += 1
         return ran
 
     def drain_idle(self) -> None:
         """The stream is idle: drain feedback left in flight, and commit."""
-        with self.lock:
+        with self.exclusive():
             self.drain(self.options.max_epochs_per_batch)
             self.commit()
 
     def finish(self) -> None:
         """The inputs have ended: run epoch 0 if none ran, drain every epoch left, commit."""
-        with self.lock:
+        with self.exclusive():
             if self.epoch < 0:
                 self.run_epoch(None, None)
             while self.drain(self.options.max_epochs_per_batch):
@@ -343,7 +369,7 @@ class EpochLoop:
 
     def terminate(self, reason: str) -> Termination:
         """Tell listeners and observers the iteration ended for ``reason``."""
-        with self.lock:
+        with self.exclusive():
             termination = Termination(reason=reason, epoch=self.epoch, reasons=(reason,))
             end = IterationEnd(
                 termination=termination,
@@ -365,7 +391,7 @@ class EpochLoop:
 
     def close(self) -> None:
         """Release everything iterflow holds for this iteration."""
-        with self.lock:
+        with self.exclusive():
             try:
                 self.observers.close()
             finally:

@@ -92,13 +92,27 @@ class UnboundedQuery:
         return ended
 
     def stop(self) -> None:
-        """Stop the stream after the epochs of the current micro-batch; committed work stays.
+        """Let the micro-batch in progress finish its epochs and commit, then stop the stream.
 
-        A later ``start()`` with the same checkpoint location continues from there.
+        Feedback still in flight stays committed, and a later ``start()`` with the
+        same checkpoint location continues from there. Called from a listener,
+        it returns at once and the stream stops after the current micro-batch.
         """
-        self._stopping.set()
+        if not self._stopping.is_set():
+            self._stopping.set()
+            self._loop.stopping.set()
+            threading.Thread(target=self._stop_stream, name="iterflow-stop", daemon=True).start()
+        if not self._inside():
+            self._done.wait()
+
+    def _inside(self) -> bool:
+        """True on a thread the iteration runs on: waiting there for the end would deadlock."""
+        return self._loop.in_epoch_thread or threading.current_thread() is self._watcher
+
+    def _stop_stream(self) -> None:
+        with self._loop.exclusive():
+            pass  # the epochs in progress finish and commit first
         self._stream.stop()
-        self._done.wait()
 
     def __repr__(self) -> str:
         status = self.status
