@@ -301,7 +301,7 @@ def run_online_kmeans(
                 seconds = time.perf_counter() - started
             finally:
                 stop_feeding.set()
-                query.stop()
+                query.stop()  # the epoch in progress, if any, finishes and commits first
         history = query.progress
         return OnlineKMeansRun(
             centers=printer.centers,
