@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine (Python >= 3.10 and Java 17 installed):
 #   bash run.sh demo pagerank [options]   run the PageRank demo on an embedded local Spark
+#   bash run.sh demo online-kmeans        online k-means over files arriving in a watched folder
 #   bash run.sh test [pytest args]        lint, type-check and run the test suite
 # The first call creates .venv and installs iterflow with its test tools into it.
 set -euo pipefail
@@ -46,7 +47,7 @@ case "$command" in
     exit "$status"
     ;;
   *)
-    echo "usage: bash run.sh demo pagerank [options] | bash run.sh test [pytest args]" >&2
+    echo "usage: bash run.sh demo pagerank|online-kmeans [options] | bash run.sh test [pytest args]" >&2
     exit 2
     ;;
 esac

@@ -91,6 +91,27 @@ class UnboundedQuery:
             raise self._error
         return ended
 
+    def process_all_available(self) -> None:
+        """Block until the rows the inputs hold now, and the work feedback they cause, are
+        processed and committed (for tests and demos; Spark's ``processAllAvailable``).
+
+        Raises the error that failed the iteration, if it failed.
+        """
+        if self._available_now:
+            self.await_termination()
+            return
+        try:
+            self._stream.processAllAvailable()
+        except Exception:
+            self._done.wait()  # the watcher records the round's own error
+            self.await_termination()
+            raise
+        loop = self._loop  # feedback left after the last micro-batch drains while idle
+        while not (loop.in_flight == 0 and loop.committed_epoch == loop.epoch):
+            if self._done.wait(POLL_S):
+                self.await_termination()
+                return
+
     def stop(self) -> None:
         """Let the micro-batch in progress finish its epochs and commit, then stop the stream.
 
