@@ -14,7 +14,7 @@ checkpoints exist.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import attrs
@@ -85,8 +85,14 @@ def materialize(
     criteria: Sequence[DataFrame],
     values: Sequence[DataFrame],
     epoch: int,
+    on_driver: Collection[int] = (),
 ) -> Materialized:
-    """Checkpoint ``targets``, test ``criteria`` for emptiness, read one-cell ``values``."""
+    """Checkpoint ``targets``, test ``criteria`` for emptiness, read one-cell ``values``.
+
+    Targets whose ``id()`` is in ``on_driver`` (small ones, such as a model) are
+    collected instead, and continue as local DataFrames over those rows: one
+    job, and reading them later (in the next body, or to commit them) runs none.
+    """
     distinct = list({id(df): df for df in targets}.values())
     target_ids = {id(df) for df in distinct}
     extra_criteria = [df for df in criteria if id(df) not in target_ids]
@@ -96,6 +102,11 @@ def materialize(
         frames: dict[int, DataFrame] = {}
         rows: dict[int, int] = {}
         for df in distinct:
+            if id(df) in on_driver:
+                collected = df.collect()
+                frames[id(df)] = df.sparkSession.createDataFrame(collected, df.schema)
+                rows[id(df)] = len(collected)
+                continue
             observation = unique_observation("rows")
             frames[id(df)] = observe_rows(df, observation).localCheckpoint(eager=True)
             rows[id(df)] = int(observation.get["rows"])

@@ -167,9 +167,11 @@ def evaluate_round(
     ctx: RoundContext,
     check: DeclarationCheck,
     plan_of: Callable[[Any], RoundPlan],
+    on_driver: Collection[str] = (),
 ) -> EvaluatedRound:
     """Call ``body`` for round ``ctx.epoch``, check its Declaration with ``plan_of``, and
-    materialize its feedback, outputs, criteria and convergence values."""
+    materialize its feedback, outputs, criteria and convergence values (the feedback of
+    the variables named in ``on_driver`` as rows on the driver)."""
     epoch = ctx.epoch
     try:
         declaration = body(inputs, ctx)
@@ -183,6 +185,7 @@ def evaluate_round(
             criteria=[c.criteria for c in plan.criteria],
             values=[c.value for c in plan.convergence if not callable(c.value)],
             epoch=epoch,
+            on_driver={id(df) for name, df in feedback.items() if name in on_driver},
         )
     except Exception as exc:
         fail(epoch, "materialization", exc)

@@ -55,6 +55,10 @@ from iterflow.unbounded.sinks import Sink
 #: Pending variables up to this many rows are committed inside the driver state
 #: (one small collect) rather than as parquet (a Spark write job).
 INLINE_ROWS = 10_000
+#: A state variable that had at most this many rows in the last epoch is collected
+#: rather than checkpointed: the next body and the commit read it without a job.
+DRIVER_ROWS = 1_000
+_SMALL = range(DRIVER_ROWS + 1)
 #: Per-epoch progress kept in memory and in the epoch log.
 RECENT_EPOCHS = 1_000
 
@@ -266,8 +270,14 @@ class EpochLoop:
                     inputs[name] = self.pending.get(name, self.inputs[name])
             feedback_in = dict(self.pending_rows)
             ctx = RoundContext(epoch, self.state, scope)
+            # A small state variable (a model) lives on the driver between epochs.
+            small = [
+                n
+                for n in self.state_names
+                if self.pending_rows.get(n, DRIVER_ROWS + 1) <= DRIVER_ROWS
+            ]
             evaluated = evaluate_round(
-                self.body, inputs, ctx, self.check, partial(self._checked, epoch)
+                self.body, inputs, ctx, self.check, partial(self._checked, epoch), small
             )
             produced, rows = evaluated.produced, evaluated.rows
             self.held.extend(produced)
