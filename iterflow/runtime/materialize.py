@@ -19,8 +19,9 @@ from typing import Any
 
 import attrs
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, Observation
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from iterflow.errors import IterflowValueError
 from iterflow.runtime.jvm import (
@@ -78,6 +79,7 @@ class Materialized:
     rows: dict[int, int]
     criteria_empty: dict[int, bool]
     values: dict[int, Any]
+    tables: dict[int, Any]  # pyarrow Tables of the targets collected to the driver
 
 
 def materialize(
@@ -90,8 +92,9 @@ def materialize(
     """Checkpoint ``targets``, test ``criteria`` for emptiness, read one-cell ``values``.
 
     Targets whose ``id()`` is in ``on_driver`` (small ones, such as a model) are
-    collected instead, and continue as local DataFrames over those rows: one
-    job, and reading them later (in the next body, or to commit them) runs none.
+    collected as Arrow tables instead, and continue as local DataFrames over
+    them (a ``LocalRelation``): reading them later, in the next body or to
+    commit them, runs no Spark job.
     """
     distinct = list({id(df): df for df in targets}.values())
     target_ids = {id(df) for df in distinct}
@@ -101,11 +104,13 @@ def materialize(
     try:
         frames: dict[int, DataFrame] = {}
         rows: dict[int, int] = {}
+        tables: dict[int, Any] = {}
         for df in distinct:
             if id(df) in on_driver:
-                collected = df.collect()
-                frames[id(df)] = df.sparkSession.createDataFrame(collected, df.schema)
-                rows[id(df)] = len(collected)
+                table = df.toArrow()
+                frames[id(df)] = local_frame(df.sparkSession, table, df.schema)
+                rows[id(df)] = table.num_rows
+                tables[id(df)] = table
                 continue
             observation = unique_observation("rows")
             frames[id(df)] = observe_rows(df, observation).localCheckpoint(eager=True)
@@ -116,7 +121,12 @@ def materialize(
     finally:
         for df in owned:
             df.unpersist(blocking=False)
-    return Materialized(frames=frames, rows=rows, criteria_empty=empty, values=read)
+    return Materialized(frames=frames, rows=rows, criteria_empty=empty, values=read, tables=tables)
+
+
+def local_frame(spark: SparkSession, table: Any, schema: StructType) -> DataFrame:
+    """A DataFrame over the rows of a pyarrow ``table``, held in the plan (no Spark job)."""
+    return spark.createDataFrame(table, schema=schema)
 
 
 def _one_cell(df: DataFrame, epoch: int) -> Any:

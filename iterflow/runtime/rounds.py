@@ -140,6 +140,7 @@ class EvaluatedRound:
     outputs: dict[str, DataFrame]  # materialized
     rows: dict[str, int]  # of each feedback and output
     produced: list[DataFrame]  # what the round holds until the next one completes
+    tables: dict[str, Any]  # the variables materialized on the driver, as pyarrow Tables
 
     def round_end(
         self,
@@ -196,4 +197,7 @@ def evaluate_round(
         outputs={name: done.frames[id(df)] for name, df in outputs.items()},
         rows={name: done.rows[id(df)] for name, df in [*feedback.items(), *outputs.items()]},
         produced=list({id(df): df for df in done.frames.values()}.values()),
+        tables={
+            name: done.tables[id(df)] for name, df in feedback.items() if id(df) in done.tables
+        },
     )

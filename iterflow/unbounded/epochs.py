@@ -29,7 +29,7 @@ from functools import partial
 from typing import Any
 
 import attrs
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from iterflow.body import IterationBody, RoundContext
@@ -39,6 +39,7 @@ from iterflow.progress.round import RoundProgress
 from iterflow.runtime.checkpoint import Checkpointing, DriverState
 from iterflow.runtime.jvm import in_session
 from iterflow.runtime.materialize import (
+    local_frame,
     observe_rows,
     observed_rows,
     persist_owned,
@@ -83,7 +84,7 @@ class StreamPosition:
     epoch: int  # the last epoch run; -1 before the first
     batch_id: int  # the last micro-batch whose rows are consumed; -1 before the first
     rows: dict[str, int]  # rows of each pending variable
-    inline: dict[str, tuple[str, list[Row]]]  # small pending variables: schema JSON, rows
+    inline: dict[str, tuple[str, Any]]  # small pending variables: schema JSON, pyarrow Table
 
 
 class EpochLoop:
@@ -124,6 +125,7 @@ class EpochLoop:
         self.history: list[RoundProgress] = []
         self.pending: dict[str, DataFrame] = {}
         self.pending_rows: dict[str, int] = {}
+        self.pending_tables: dict[str, Any] = {}  # pending variables held on the driver
         self.epoch = -1
         self.batch_id = -1
         self.committed_epoch = -1
@@ -177,9 +179,10 @@ class EpochLoop:
             self.emitter.values.update({k: list(v) for k, v in driver.emitted.items()})
             self.history[:] = driver.history
             self.observers.metrics.restore(driver.metrics)
+            self.pending_tables = {name: table for name, (_, table) in position.inline.items()}
             inline = {
-                name: self.spark.createDataFrame(rows, StructType.fromJson(json.loads(schema)))
-                for name, (schema, rows) in position.inline.items()
+                name: local_frame(self.spark, table, StructType.fromJson(json.loads(schema)))
+                for name, (schema, table) in position.inline.items()
             }
             self.pending = {
                 name: self.check.aligned(name, df)
@@ -320,6 +323,7 @@ class EpochLoop:
                     self.owned.pop(name).unpersist(blocking=False)
         self.pending = variables
         self.pending_rows = {name: rows[name] for name in variables}
+        self.pending_tables = evaluated.tables
         self.outputs = results
         self.epoch = epoch
 
@@ -352,11 +356,12 @@ class EpochLoop:
         """Commit the pending variables and the driver state after the last epoch run."""
         if self.epoch == self.committed_epoch:
             return
-        inline: dict[str, tuple[str, list[Row]]] = {}
+        inline: dict[str, tuple[str, Any]] = {}
         written: dict[str, DataFrame] = {}
         for name, df in self.pending.items():
-            if self.pending_rows[name] <= INLINE_ROWS:
-                inline[name] = (df.schema.json(), df.collect())
+            if name in self.pending_tables or self.pending_rows[name] <= INLINE_ROWS:
+                table = self.pending_tables.get(name)
+                inline[name] = (df.schema.json(), df.toArrow() if table is None else table)
             else:
                 written[name] = df
         position = StreamPosition(
