@@ -1,0 +1,607 @@
+"""Online k-means on a stream: iterflow's UnboundedIteration against a plain foreachBatch query.
+
+The workload: k=8 centers in 16 dimensions, 1,000,000 points in 100 JSON-lines
+files of 10,000 points each (numpy blobs around 8 true centers, fixed seed),
+read with ``spark.readStream...option("maxFilesPerTrigger", 1).json(folder)`` and
+the available-now trigger, so that each file is one micro-batch and one epoch.
+
+"iterflow" runs ``online_kmeans_step()`` from ``iterflow.demo.online_kmeans``
+as ``UnboundedIteration(...).bind("model", model0, state=True).bind("points",
+stream).start(checkpoint_location=..., available_now=True, progress=False)``.
+"plain" is the same update written by hand on Structured Streaming: a
+``foreachBatch`` function keeps the model as numpy arrays on the driver and, per
+micro-batch, runs the same ``mapInArrow`` partial-sums kernel with the same
+``groupBy`` sum (``batch_sums``), collects the 8 rows and applies the same rule.
+"plain-df" sits between the two: a ``foreachBatch`` function that keeps the model
+as a DataFrame and runs the demo body's own function on it (the ``centers_of``
+collect, the same ``batch_sums``, the join that updates the model), then
+``localCheckpoint(eager=True)``; no iterflow. iterflow / plain-df is what iterflow's
+machinery costs; plain-df / plain is what keeping the model in a DataFrame costs.
+All three start from the same initial centers, read the same files and get a fresh
+checkpoint location every run; their final centers must agree within 1e-9.
+
+Per-epoch times are the ``triggerExecution`` durations of the micro-batches (the
+whole micro-batch, as Spark's own progress reports it), read by a
+``StreamingQueryListener``; the total is the time from ``start()`` to the end of
+waiting for termination. Runs alternate (the starting variant rotates every
+repetition) after one warm-up run of each over a smaller set of files, and the
+ratios are of medians. Target: iterflow / plain, per epoch, <= 1.2. One more
+iterflow run at the end times the steps of an epoch (``PROBES``), and one file is
+read as JSON lines and as parquet to show what parsing the JSON costs.
+
+    python benchmarks/bench_unbounded.py [--quick]
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+from _common import (
+    log,
+    median,
+    parse_args,
+    print_table,
+    settings,
+    settle,
+    start_session,
+    write_result,
+)
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQueryListener
+
+import iterflow as itf
+from iterflow.demo.online_kmeans import (
+    POINTS_SCHEMA,
+    batch_sums,
+    blobs,
+    centers_of,
+    initial_model,
+    online_kmeans_step,
+)
+
+TARGET = 1.2
+VARIANTS = ("plain", "plain-df", "iterflow")
+K, DIMS = 8, 16
+DECAY = 1.0
+SEED = 2026
+TOLERANCE = 1e-9
+#: Streaming progress durations recorded per micro-batch (``durationMs`` keys).
+PHASES = ("triggerExecution", "addBatch", "latestOffset", "getBatch", "queryPlanning", "walCommit")
+
+
+class Workload(NamedTuple):
+    """The files every run reads, and the centers every run starts from."""
+
+    folder: Path
+    files: int
+    points_per_file: int
+    initial: np.ndarray
+
+
+def write_points(folder: Path, files: int, per_file: int, seed: int) -> np.ndarray:
+    """Write ``files`` JSON-lines files of blobs into ``folder``; return the initial centers.
+
+    The modification times are one second apart in file order, so the file source
+    takes the files in that order. The initial centers are K points of the first file.
+    """
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    true_centers = rng.uniform(-10.0, 10.0, size=(K, DIMS))
+    start = time.time() - files - 60
+    initial = None
+    for index in range(files):
+        points = blobs(rng, per_file, true_centers)
+        if initial is None:
+            initial = points[rng.choice(per_file, size=K, replace=False)]
+        path = folder / f"points-{index:04d}.json"
+        with path.open("w", encoding="utf-8") as out:
+            out.writelines(json.dumps({"features": row}) + "\n" for row in points.tolist())
+        os.utime(path, (start + index, start + index))
+    assert initial is not None
+    return initial
+
+
+def point_stream(spark: SparkSession, folder: Path) -> DataFrame:
+    return spark.readStream.schema(POINTS_SCHEMA).option("maxFilesPerTrigger", 1).json(str(folder))
+
+
+class ProgressLog(StreamingQueryListener):
+    """Spark's per-micro-batch progress of the query running now (one at a time)."""
+
+    def __init__(self) -> None:
+        self.batches: list[dict[str, Any]] = []
+        self.terminated = threading.Event()
+
+    def reset(self) -> None:
+        self.batches = []
+        self.terminated.clear()
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        progress = event.progress
+        self.batches.append(
+            {
+                "batch_id": progress.batchId,
+                "rows": progress.numInputRows,
+                **{phase: progress.durationMs.get(phase, 0) / 1000 for phase in PHASES},
+            }
+        )
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        self.terminated.set()
+
+    def wait(self) -> list[dict[str, Any]]:
+        """The batches of the query that just ended (its last events arrive asynchronously)."""
+        if not self.terminated.wait(60):
+            raise RuntimeError("the streaming query's termination event never arrived")
+        return sorted(self.batches, key=lambda b: b["batch_id"])
+
+
+class PlainKMeans:
+    """The hand-written ``foreachBatch`` function: the model is numpy arrays on the driver."""
+
+    def __init__(self, initial: np.ndarray) -> None:
+        self.centers = initial.copy()
+        self.weights = np.zeros(len(initial))
+        self.call_s: list[float] = []
+        self.build_s: list[float] = []
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        clock = time.perf_counter()
+        sums = batch_sums(batch, self.centers)
+        self.build_s.append(time.perf_counter() - clock)
+        rows = sums.collect()
+        n = np.zeros(K)
+        total = np.zeros((K, DIMS))
+        seen = np.zeros(K, dtype=bool)
+        for row in rows:
+            n[row["cluster"]] = row["n"]
+            total[row["cluster"]] = row["total"]
+            seen[row["cluster"]] = True
+        # The body's rule: weight' = weight * decay + n,
+        # center' = (center * weight * decay + sum) / weight', unchanged without points.
+        kept = self.weights * DECAY
+        weight = kept + n
+        with np.errstate(divide="ignore", invalid="ignore"):
+            moved = (self.centers * kept[:, None] + total) / (kept + n)[:, None]
+        unchanged = ~seen | (weight <= 0)
+        self.centers = np.where(unchanged[:, None], self.centers, moved)
+        self.weights = weight
+        self.call_s.append(time.perf_counter() - clock)
+
+
+class PlainDataFrameKMeans:
+    """``foreachBatch`` with the model as a DataFrame: the demo body's own update, no iterflow.
+
+    Calls the function behind ``online_kmeans_step()`` (``centers_of`` the model, the
+    same ``batch_sums``, the join that updates the model) and checkpoints the new model
+    with ``localCheckpoint(eager=True)``, as a hand-written loop cuts its lineage.
+    """
+
+    def __init__(self, model0: DataFrame) -> None:
+        self.model = model0
+        self.update = online_kmeans_step(DECAY).__wrapped__
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        declaration = self.update(model=self.model, points=batch)
+        self.model = declaration.feedback["model"].localCheckpoint(eager=True)
+
+
+class FinalCenters(itf.RoundListener):
+    """Reads the last epoch's model once the iteration has ended (timed, to leave it out)."""
+
+    def __init__(self) -> None:
+        self.centers: np.ndarray | None = None
+        self.read_s = 0.0
+
+    def on_iteration_terminated(self, ctx: itf.IterationEnd) -> None:
+        clock = time.perf_counter()
+        self.centers = centers_of(ctx.outputs["model"])
+        self.read_s = time.perf_counter() - clock
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # nothing to checkpoint
+
+
+def last_job_id(spark: SparkSession, tag: str) -> int:
+    """Run a marker job in job group ``tag``; its id (job ids are sequential)."""
+    sc = spark.sparkContext
+    sc.setJobGroup(tag, "benchmark job counter marker")
+    try:
+        sc.parallelize([0], 1).count()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+        sc.setLocalProperty("spark.job.description", None)
+    tracker = sc.statusTracker()
+    for _ in range(50):
+        ids = tracker.getJobIdsForGroup(tag)
+        if ids:
+            return max(ids)
+        time.sleep(0.1)
+    raise RuntimeError(f"marker job of group {tag} not found")
+
+
+def run_plain(
+    spark: SparkSession, w: Workload, location: Path
+) -> tuple[float, np.ndarray, dict[str, Any]]:
+    update = PlainKMeans(w.initial)
+    stream = point_stream(spark, w.folder)
+    start = time.perf_counter()
+    query = (
+        stream.writeStream.foreachBatch(update)
+        .option("checkpointLocation", str(location))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    return (
+        time.perf_counter() - start,
+        update.centers,
+        {"call_s": update.call_s, "build_s": update.build_s},
+    )
+
+
+def run_plain_df(
+    spark: SparkSession, w: Workload, location: Path
+) -> tuple[float, np.ndarray, dict[str, Any]]:
+    update = PlainDataFrameKMeans(initial_model(spark, w.initial))
+    stream = point_stream(spark, w.folder)
+    start = time.perf_counter()
+    query = (
+        stream.writeStream.foreachBatch(update)
+        .option("checkpointLocation", str(location))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    total_s = time.perf_counter() - start
+    return total_s, centers_of(update.model), {}
+
+
+def run_iterflow(
+    spark: SparkSession, w: Workload, location: Path
+) -> tuple[float, np.ndarray, dict[str, Any]]:
+    model0 = initial_model(spark, w.initial)
+    stream = point_stream(spark, w.folder)
+    final = FinalCenters()
+    start = time.perf_counter()
+    handle = (
+        itf.UnboundedIteration(online_kmeans_step(DECAY))
+        .bind("model", model0, state=True)
+        .bind("points", stream)
+        .listen(final)
+        .start(checkpoint_location=str(location), available_now=True, progress=False)
+    )
+    handle.await_termination()
+    total_s = time.perf_counter() - start - final.read_s
+    assert final.centers is not None
+    epochs = handle.progress
+    if [p.input_rows["points"] for p in epochs] != [w.points_per_file] * w.files:
+        raise RuntimeError("the epochs do not match the files")
+    return total_s, final.centers, {"duration_s": [p.duration_s for p in epochs]}
+
+
+RUNNERS = {"plain": run_plain, "plain-df": run_plain_df, "iterflow": run_iterflow}
+
+#: The breakdown run times these functions (module where defined, name, what it is).
+#: Indented labels run inside the one above. They are iterflow's internals: a probe,
+#: not an API, so a name that no longer exists is skipped.
+PROBES = (
+    ("iterflow.unbounded.epochs", "EpochLoop.on_batch", "foreachBatch call (on_batch)"),
+    ("iterflow.runtime.jvm", "in_session", "  move the batch to the session"),
+    ("iterflow.unbounded.epochs", "EpochLoop.run_epoch", "  run_epoch"),
+    ("iterflow.body", "FunctionBody.__call__", "    body"),
+    ("iterflow.demo.online_kmeans", "centers_of", "      centers_of (collect of the model)"),
+    ("iterflow.runtime.materialize", "materialize", "    materialize (run the body's plan)"),
+    ("iterflow.runtime.materialize", "observed_rows", "    read the input's row count"),
+    ("iterflow.unbounded.query", "UnboundedQuery._source_backlog", "    source backlog"),
+    ("iterflow.runtime.observers", "RunObservers.complete", "    observers: complete"),
+    ("iterflow.runtime.observers", "RunObservers.round_end", "    observers: round_end"),
+    ("iterflow.progress.listeners", "ListenerSet.round_end", "    listeners"),
+    ("iterflow.runtime.materialize", "release", "    release the previous epoch"),
+    ("iterflow.unbounded.epochs", "EpochLoop.commit", "  commit"),
+    ("iterflow.runtime.checkpoint", "snapshot", "    pickle the driver state"),
+    ("iterflow.runtime.checkpoint", "CheckpointStore.write", "    write the epoch's files"),
+)
+
+
+def probed(label: str, fn: Any, calls: dict[str, list[float]]) -> Any:
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        clock = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            calls[label].append(time.perf_counter() - clock)
+
+    return timed
+
+
+def patch(module_name: str, path: str, wrap: Any) -> list[tuple[Any, str, Any]]:
+    """Replace a method on its class, or a function wherever an iterflow module imported it."""
+    try:
+        owner: Any = importlib.import_module(module_name)
+        *parents, name = path.split(".")
+        for parent in parents:
+            owner = getattr(owner, parent)
+        original = owner.__dict__[name]
+    except (ImportError, AttributeError, KeyError):
+        return []
+    if parents:
+        holders = [(owner, name)]
+    else:
+        holders = [
+            (module, attr)
+            for key, module in list(sys.modules.items())
+            if key.split(".")[0] == "iterflow"
+            for attr, value in list(vars(module).items())
+            if value is original
+        ]
+    wrapped = wrap(original)
+    for holder, attr in holders:
+        setattr(holder, attr, wrapped)
+    return [(holder, attr, original) for holder, attr in holders]
+
+
+def breakdown(spark: SparkSession, progress: ProgressLog, w: Workload) -> dict[str, Any]:
+    """One more iterflow run with every function in ``PROBES`` timed: seconds per epoch."""
+    calls: dict[str, list[float]] = {}
+    patched: list[tuple[Any, str, Any]] = []
+    for module_name, path, label in PROBES:
+        done = patch(module_name, path, lambda fn, label=label: probed(label, fn, calls))
+        if done:
+            calls[label] = []
+        patched += done
+    try:
+        run = measure(spark, progress, "iterflow (timed functions)", "iterflow", w)
+    finally:
+        for owner, name, original in reversed(patched):
+            setattr(owner, name, original)
+    per_epoch = {label: sum(times) / w.files for label, times in calls.items()}
+    return {
+        "per_epoch_s": per_epoch,
+        "median_per_call_s": {label: median(times) for label, times in calls.items() if times},
+        "calls": {label: len(times) for label, times in calls.items()},
+        "epoch_s_median": median(run["epoch_s"]),
+        "add_batch_s_mean": sum(run["phases_s"]["addBatch"]) / w.files,
+        "trigger_s_mean": sum(run["epoch_s"]) / w.files,
+        "total_s": run["total_s"],
+        "jobs_per_epoch": run["jobs"] / w.files,
+        "centers": run["centers"],
+    }
+
+
+def scan_costs(spark: SparkSession, w: Workload, files: int = 10) -> dict[str, float]:
+    """Median time to read one input file and sum all its values, as JSON lines and as parquet.
+
+    Tells whether parsing the JSON dominates an epoch. Each of the first ``files``
+    files is also written as parquet; every read runs twice and the second one counts.
+    """
+    query = "sum(aggregate(features, 0D, (total, x) -> total + x))"
+    times: dict[str, list[float]] = {"json": [], "parquet": []}
+    with tempfile.TemporaryDirectory(prefix="iterflow-bench-") as tmp:
+        for index, path in enumerate(sorted(w.folder.iterdir())[:files]):
+            copy = f"{tmp}/{index}"
+            spark.read.schema(POINTS_SCHEMA).json(str(path)).write.parquet(copy)
+            for fmt, target in (("json", str(path)), ("parquet", copy)):
+                df = spark.read.schema(POINTS_SCHEMA).format(fmt).load(target)
+                for attempt in range(2):
+                    clock = time.perf_counter()
+                    df.selectExpr(query).collect()
+                    if attempt:
+                        times[fmt].append(time.perf_counter() - clock)
+    return {f"{fmt}_file_s_median": median(t) for fmt, t in times.items()}
+
+
+def measure(
+    spark: SparkSession, progress: ProgressLog, label: str, variant: str, w: Workload
+) -> dict[str, Any]:
+    """One run of ``variant`` in a fresh checkpoint location: its times, jobs and centers."""
+    settle(spark)
+    with tempfile.TemporaryDirectory(prefix="iterflow-bench-") as tmp:
+        before = last_job_id(spark, f"unbounded-{variant}-before")
+        progress.reset()
+        total_s, centers, extra = RUNNERS[variant](spark, w, Path(tmp) / "checkpoint")
+        batches = progress.wait()
+        after = last_job_id(spark, f"unbounded-{variant}-after")
+    if len(batches) != w.files or sum(b["rows"] for b in batches) != w.files * w.points_per_file:
+        raise RuntimeError(f"{label}: expected {w.files} micro-batches of all points: {batches}")
+    run: dict[str, Any] = {
+        "total_s": total_s,
+        "epochs": len(batches),
+        "jobs": after - before - 1,
+        "epoch_s": [b["triggerExecution"] for b in batches],
+        "phases_s": {phase: [b[phase] for b in batches] for phase in PHASES},
+        "centers": centers.tolist(),
+        **extra,
+    }
+    log(
+        f"  {label}: {run['epochs']} epochs, {total_s:.2f} s, median epoch "
+        f"{median(run['epoch_s']):.3f} s, {run['jobs']} jobs"
+    )
+    return run
+
+
+def main() -> None:
+    args = parse_args(__doc__.splitlines()[0])
+    if args.quick:
+        files, per_file, warm_files, repetitions = 10, 2_000, 3, 1
+    else:
+        files, per_file, warm_files, repetitions = 100, 10_000, 20, 3
+
+    spark = start_session()
+    progress = ProgressLog()
+    spark.streams.addListener(progress)
+    data = Path(tempfile.mkdtemp(prefix="iterflow-bench-points-"))
+    try:
+        clock = time.perf_counter()
+        w = Workload(
+            data / "points", files, per_file, write_points(data / "points", files, per_file, SEED)
+        )
+        warm = Workload(
+            data / "warm-up",
+            warm_files,
+            per_file,
+            write_points(data / "warm-up", warm_files, per_file, SEED + 1),
+        )
+        input_bytes = sum(p.stat().st_size for p in w.folder.iterdir())
+        log(
+            f"wrote {files} files of {per_file} points ({input_bytes / 1e6:.0f} MB) in "
+            f"{time.perf_counter() - clock:.1f} s"
+        )
+
+        log(f"warm-up: one run of each variant over {warm_files} files")
+        for variant in VARIANTS:
+            measure(spark, progress, f"{variant} (warm-up)", variant, warm)
+        log(f"{files} epochs, {repetitions} runs of each variant")
+        sequence = [
+            v for rep in range(repetitions) for v in VARIANTS[rep % 3 :] + VARIANTS[: rep % 3]
+        ]
+        runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+        for variant in sequence:
+            runs[variant].append(measure(spark, progress, variant, variant, w))
+        log("breakdown: one more iterflow run with its epoch's steps timed")
+        timed = breakdown(spark, progress, w)
+        log("input: one file read as JSON lines and as parquet")
+        scan = scan_costs(spark, w)
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+    reference = np.array(runs["plain"][0]["centers"])
+    finals = [r["centers"] for rs in runs.values() for r in rs] + [timed.pop("centers")]
+    differences = [float(np.abs(np.array(c) - reference).max()) for c in finals]
+    max_difference = max(differences)
+    assert max_difference <= TOLERANCE, f"final centers differ by {max_difference}"
+
+    points = files * per_file
+    summary: dict[str, dict[str, Any]] = {}
+    for variant, rs in runs.items():
+        total = median([r["total_s"] for r in rs])
+        summary[variant] = {
+            "total_s_median": total,
+            "epoch_s_median": median([median(r["epoch_s"]) for r in rs]),
+            "epochs_per_s": files / total,
+            "points_per_s": points / total,
+            "jobs_per_epoch": median([r["jobs"] for r in rs]) / files,
+            "phases_s_median": {
+                phase: median([median(r["phases_s"][phase]) for r in rs]) for phase in PHASES
+            },
+        }
+    summary["iterflow"]["duration_s_median"] = median(
+        [median(r["duration_s"]) for r in runs["iterflow"]]
+    )
+    for key in ("call_s", "build_s"):
+        summary["plain"][f"{key}_median"] = median([median(r[key]) for r in runs["plain"]])
+    it, plain = summary["iterflow"], summary["plain"]
+
+    def ratio(a: str, b: str) -> dict[str, Any]:
+        return {
+            "total": summary[a]["total_s_median"] / summary[b]["total_s_median"],
+            "epoch_median": summary[a]["epoch_s_median"] / summary[b]["epoch_s_median"],
+            "total_per_repetition": [
+                x["total_s"] / y["total_s"] for x, y in zip(runs[a], runs[b], strict=True)
+            ],
+        }
+
+    results = {
+        "target": TARGET,
+        "sequence": sequence,
+        "summary": summary,
+        "ratio_iterflow_over_plain": ratio("iterflow", "plain"),
+        "ratio_iterflow_over_plain_df": ratio("iterflow", "plain-df"),
+        "ratio_plain_df_over_plain": ratio("plain-df", "plain"),
+        "extra_per_epoch_s": (it["total_s_median"] - plain["total_s_median"]) / files,
+        "breakdown_iterflow": timed,
+        "input_scan": scan,
+        "final_centers_max_abs_difference": max_difference,
+        "final_centers": reference.tolist(),
+        "runs": {
+            v: [{k: x for k, x in r.items() if k != "centers"} for r in rs]
+            for v, rs in runs.items()
+        },
+    }
+    ratio = results["ratio_iterflow_over_plain"]
+    rows: list[tuple[str, Any]] = []
+    for variant in VARIANTS:
+        s = summary[variant]
+        rows += [
+            (f"{variant}: total (s)", s["total_s_median"]),
+            (f"{variant}: median epoch, triggerExecution (s)", s["epoch_s_median"]),
+            (f"{variant}: median epoch, addBatch (s)", s["phases_s_median"]["addBatch"]),
+            (f"{variant}: epochs per second", s["epochs_per_s"]),
+            (f"{variant}: points per second", s["points_per_s"]),
+            (f"{variant}: jobs per epoch", s["jobs_per_epoch"]),
+        ]
+    rows += [
+        ("plain: median foreachBatch function (s)", plain["call_s_median"]),
+        ("plain: of which building batch_sums (s)", plain["build_s_median"]),
+        ("iterflow: median epoch, duration_s (s)", it["duration_s_median"]),
+        ("iterflow / plain, total", ratio["total"]),
+        (f"iterflow / plain, median epoch (target <= {TARGET})", ratio["epoch_median"]),
+        ("iterflow / plain-df, total", results["ratio_iterflow_over_plain_df"]["total"]),
+        (
+            "iterflow / plain-df, median epoch",
+            results["ratio_iterflow_over_plain_df"]["epoch_median"],
+        ),
+        ("plain-df / plain, total", results["ratio_plain_df_over_plain"]["total"]),
+        ("iterflow - plain, per epoch (s)", results["extra_per_epoch_s"]),
+        ("final centers, max |difference| from plain", max_difference),
+        ("read + sum one file, JSON lines (s)", scan["json_file_s_median"]),
+        ("read + sum one file, parquet (s)", scan["parquet_file_s_median"]),
+    ]
+    print_table(
+        f"iterflow, one run with its steps timed: seconds per epoch (mean of {files})",
+        [
+            ("micro-batch (triggerExecution)", timed["trigger_s_mean"]),
+            ("foreachBatch (addBatch)", timed["add_batch_s_mean"]),
+            *timed["per_epoch_s"].items(),
+        ],
+    )
+    print_table(
+        f"online k-means, k={K}, {DIMS} dims, {files} files x {per_file} points "
+        f"(medians of {repetitions} runs)",
+        rows,
+    )
+    config = settings(
+        spark,
+        args.quick,
+        k=K,
+        dims=DIMS,
+        decay=DECAY,
+        seed=SEED,
+        files=files,
+        points_per_file=per_file,
+        points=points,
+        input_format="json lines",
+        input_bytes=input_bytes,
+        max_files_per_trigger=1,
+        trigger="availableNow",
+        repetitions=repetitions,
+        warm_up_files=warm_files,
+        iterflow="UnboundedIteration(online_kmeans_step(1.0)).bind('model', model0, "
+        "state=True).bind('points', stream).start(available_now=True, progress=False)",
+        plain="writeStream.foreachBatch(numpy model, batch_sums(...).collect())"
+        ".trigger(availableNow=True)",
+        plain_df="writeStream.foreachBatch(model DataFrame, the body's function, "
+        "localCheckpoint(eager=True)).trigger(availableNow=True)",
+    )
+    write_result("bench_unbounded", args.quick, config, results)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
