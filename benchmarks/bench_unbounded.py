@@ -14,7 +14,7 @@ micro-batch, runs the same ``mapInArrow`` partial-sums kernel with the same
 ``groupBy`` sum (``batch_sums``), collects the 8 rows and applies the same rule.
 "plain-df" sits between the two: a ``foreachBatch`` function that keeps the model
 as a DataFrame and runs the demo body's own function on it (the ``centers_of``
-collect, the same ``batch_sums``, the join that updates the model), then
+collect, the same partial-sums kernel, the one aggregate that updates the model), then
 ``localCheckpoint(eager=True)``; no iterflow. iterflow / plain-df is what iterflow's
 machinery costs; plain-df / plain is what keeping the model in a DataFrame costs.
 All three start from the same initial centers, read the same files and get a fresh
@@ -189,7 +189,7 @@ class PlainDataFrameKMeans:
     """``foreachBatch`` with the model as a DataFrame: the demo body's own update, no iterflow.
 
     Calls the function behind ``online_kmeans_step()`` (``centers_of`` the model, the
-    same ``batch_sums``, the join that updates the model) and checkpoints the new model
+    same partial-sums kernel, the aggregate that updates the model) and checkpoints the new model
     with ``localCheckpoint(eager=True)``, as a hand-written loop cuts its lineage.
     """
 

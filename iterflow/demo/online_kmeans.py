@@ -13,6 +13,8 @@ its old position and its new points, as Spark MLlib's ``StreamingKMeans`` does::
 background thread drops files of points into a watched folder while the query
 runs, one epoch per file.
 
+The update is one aggregate: the old model enters it as one more partial sum per
+cluster (``weight * decay`` points at its center), so the epoch needs no join.
 Uses only ``iterflow``'s public names, like any user would.
 """
 
@@ -105,15 +107,39 @@ def online_kmeans_step(decay: float = 1.0) -> itf.IterationBody:
     @itf.body
     def online_kmeans(model: DataFrame, points: DataFrame) -> itf.Declaration:
         centers = centers_of(model)  # reading an input is allowed: it is materialized
-        sums = batch_sums(points, centers)
-        kept = F.col("weight") * F.lit(decay)
-        n = F.coalesce(F.col("n"), F.lit(0)).cast("double")
-        weight = kept + n
-        center = F.when(F.col("n").isNull() | (weight <= 0), F.col("center")).otherwise(
-            F.zip_with("center", "total", lambda c, s: (c * kept + s) / (kept + n))
+        dims = centers.shape[1]
+        partial = points.select("features").mapInArrow(
+            partial_sums_kernel(centers), partial_sums_schema(dims)
         )
-        new_model = model.join(sums, "cluster", "left").select(
-            "cluster", center.alias("center"), weight.alias("weight")
+        # The old model joins the sums as one more partial per cluster: weight * decay
+        # points at its center. One aggregate then gives weight' and center' (no join).
+        kept = F.col("weight") * F.lit(decay)
+        previous = model.select(
+            "cluster",
+            kept.alias("n"),
+            *(F.col("center")[d] * kept for d in range(dims)),
+            F.col("center").alias("old"),
+        ).toDF("cluster", "n", *(f"s{d}" for d in range(dims)), "old")
+        new = partial.select(
+            "cluster",
+            F.col("n").cast("double").alias("n"),
+            *(f"s{d}" for d in range(dims)),
+            F.lit(None).cast("array<double>").alias("old"),
+        )
+        summed = (
+            new.unionByName(previous)
+            .groupBy("cluster")
+            .agg(
+                F.sum("n").alias("weight"),
+                *(F.sum(f"s{d}").alias(f"s{d}") for d in range(dims)),
+                F.first("old", ignorenulls=True).alias("old"),
+            )
+        )
+        moved = F.array(*(F.col(f"s{d}") / F.col("weight") for d in range(dims)))
+        new_model = summed.select(
+            "cluster",
+            F.when(F.col("weight") > 0, moved).otherwise(F.col("old")).alias("center"),
+            "weight",
         )
         return itf.Declaration(feedback={"model": new_model}, outputs={"model": new_model})
 
