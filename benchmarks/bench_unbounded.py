@@ -13,8 +13,8 @@ stream).start(checkpoint_location=..., available_now=True, progress=False)``.
 micro-batch, runs the same ``mapInArrow`` partial-sums kernel with the same
 ``groupBy`` sum (``batch_sums``), collects the 8 rows and applies the same rule.
 "plain-df" sits between the two: a ``foreachBatch`` function that keeps the model
-as a DataFrame and runs the demo body's own function on it (the ``centers_of``
-collect, the same partial-sums kernel, the one aggregate that updates the model), then
+as a DataFrame and runs the demo body's own function on it (the ``model_arrays``
+collect, the partial-sums kernel per partition and the kernel that updates the model), then
 ``localCheckpoint(eager=True)``; no iterflow. iterflow / plain-df is what iterflow's
 machinery costs; plain-df / plain is what keeping the model in a DataFrame costs.
 All three start from the same initial centers, read the same files and get a fresh
@@ -188,8 +188,8 @@ class PlainKMeans:
 class PlainDataFrameKMeans:
     """``foreachBatch`` with the model as a DataFrame: the demo body's own update, no iterflow.
 
-    Calls the function behind ``online_kmeans_step()`` (``centers_of`` the model, the
-    same partial-sums kernel, the aggregate that updates the model) and checkpoints the new model
+    Calls the function behind ``online_kmeans_step()`` (``model_arrays`` the model, the
+    partial-sums kernel per partition and the update kernel) and checkpoints the new model
     with ``localCheckpoint(eager=True)``, as a hand-written loop cuts its lineage.
     """
 

@@ -13,9 +13,10 @@ its old position and its new points, as Spark MLlib's ``StreamingKMeans`` does::
 background thread drops files of points into a watched folder while the query
 runs, one epoch per file.
 
-The update is one aggregate: the old model enters it as one more partial sum per
-cluster (``weight * decay`` points at its center), so the epoch needs no join.
-Uses only ``iterflow``'s public names, like any user would.
+The epoch's plan is two Arrow kernels: partial sums per partition, then one
+task that adds them up and applies the update. Building it takes two PySpark
+calls, so the driver spends little time planning. Uses only ``iterflow``'s
+public names, like any user would.
 """
 
 from __future__ import annotations
@@ -85,8 +86,7 @@ def partial_sums_schema(dims: int) -> str:
 
 def centers_of(model: DataFrame) -> np.ndarray:
     """The model's centers as a (k, dims) array, in cluster order (a small collect)."""
-    rows = sorted(model.collect(), key=lambda r: r["cluster"])
-    return np.array([r["center"] for r in rows], dtype=float)
+    return model_arrays(model)[0]
 
 
 def batch_sums(points: DataFrame, centers: np.ndarray) -> DataFrame:
@@ -101,45 +101,71 @@ def batch_sums(points: DataFrame, centers: np.ndarray) -> DataFrame:
     return summed.select("cluster", "n", F.array(*(f"s{d}" for d in range(dims))).alias("total"))
 
 
+#: One row per partition: points per cluster, and the (k, dims) sums, flattened.
+PARTIALS_SCHEMA = "n ARRAY<LONG>, sums ARRAY<DOUBLE>"
+
+
+def partials_kernel(
+    centers: np.ndarray,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function: one ``PARTIALS_SCHEMA`` row per partition."""
+
+    def kernel(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        sums, counts = nearest_sums(centers, batches)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([counts]), pa.array([sums.ravel()])], names=["n", "sums"]
+        )
+
+    return kernel
+
+
+def update_kernel(
+    centers: np.ndarray, weights: np.ndarray, decay: float
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function over all the partials: the updated model, one row per cluster."""
+    k, dims = centers.shape
+
+    def kernel(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        counts, sums = np.zeros(k), np.zeros((k, dims))
+        for batch in batches:
+            if batch.num_rows:
+                counts += batch.column(0).flatten().to_numpy().reshape(-1, k).sum(axis=0)
+                sums += batch.column(1).flatten().to_numpy().reshape(-1, k, dims).sum(axis=0)
+        kept = weights * decay
+        weight = kept + counts
+        moved = (centers * kept[:, None] + sums) / np.where(weight > 0, weight, 1.0)[:, None]
+        center = np.where((weight > 0)[:, None], moved, centers)  # never seen: stays put
+        offsets = pa.array(np.arange(k + 1, dtype=np.int32) * dims)
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array(np.arange(k, dtype=np.int32)),
+                pa.ListArray.from_arrays(offsets, pa.array(center.ravel())),
+                pa.array(weight),
+            ],
+            names=["cluster", "center", "weight"],
+        )
+
+    return kernel
+
+
+def model_arrays(model: DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The model's centers (k, dims) and weights (k,), in cluster order (a small collect)."""
+    rows = sorted(model.collect(), key=lambda r: r["cluster"])
+    return (
+        np.array([r["center"] for r in rows], dtype=float),
+        np.array([r["weight"] for r in rows], dtype=float),
+    )
+
+
 def online_kmeans_step(decay: float = 1.0) -> itf.IterationBody:
     """The body: ``model`` (state variable) and ``points`` (streaming input) in, new model out."""
 
     @itf.body
     def online_kmeans(model: DataFrame, points: DataFrame) -> itf.Declaration:
-        centers = centers_of(model)  # reading an input is allowed: it is materialized
-        dims = centers.shape[1]
-        partial = points.select("features").mapInArrow(
-            partial_sums_kernel(centers), partial_sums_schema(dims)
-        )
-        # The old model joins the sums as one more partial per cluster: weight * decay
-        # points at its center. One aggregate then gives weight' and center' (no join).
-        kept = F.col("weight") * F.lit(decay)
-        previous = model.select(
-            "cluster",
-            kept.alias("n"),
-            *(F.col("center")[d] * kept for d in range(dims)),
-            F.col("center").alias("old"),
-        ).toDF("cluster", "n", *(f"s{d}" for d in range(dims)), "old")
-        new = partial.select(
-            "cluster",
-            F.col("n").cast("double").alias("n"),
-            *(f"s{d}" for d in range(dims)),
-            F.lit(None).cast("array<double>").alias("old"),
-        )
-        summed = (
-            new.unionByName(previous)
-            .groupBy("cluster")
-            .agg(
-                F.sum("n").alias("weight"),
-                *(F.sum(f"s{d}").alias(f"s{d}") for d in range(dims)),
-                F.first("old", ignorenulls=True).alias("old"),
-            )
-        )
-        moved = F.array(*(F.col(f"s{d}") / F.col("weight") for d in range(dims)))
-        new_model = summed.select(
-            "cluster",
-            F.when(F.col("weight") > 0, moved).otherwise(F.col("old")).alias("center"),
-            "weight",
+        centers, weights = model_arrays(model)  # reading an input is allowed: it is materialized
+        partials = points.select("features").mapInArrow(partials_kernel(centers), PARTIALS_SCHEMA)
+        new_model = partials.repartition(1).mapInArrow(
+            update_kernel(centers, weights, decay), MODEL_SCHEMA
         )
         return itf.Declaration(feedback={"model": new_model}, outputs={"model": new_model})
 
