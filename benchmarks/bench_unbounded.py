@@ -306,7 +306,7 @@ PROBES = (
     ("iterflow.runtime.jvm", "in_session", "  move the batch to the session"),
     ("iterflow.unbounded.epochs", "EpochLoop.run_epoch", "  run_epoch"),
     ("iterflow.body", "FunctionBody.__call__", "    body"),
-    ("iterflow.demo.online_kmeans", "centers_of", "      centers_of (collect of the model)"),
+    ("iterflow.demo.online_kmeans", "model_arrays", "      model_arrays (collect of the model)"),
     ("iterflow.runtime.materialize", "materialize", "    materialize (run the body's plan)"),
     ("iterflow.runtime.materialize", "observed_rows", "    read the input's row count"),
     ("iterflow.unbounded.query", "UnboundedQuery._source_backlog", "    source backlog"),
