@@ -236,10 +236,8 @@ def last_job_id(spark: SparkSession, tag: str) -> int:
     raise RuntimeError(f"marker job of group {tag} not found")
 
 
-def run_plain(
-    spark: SparkSession, w: Workload, location: Path
-) -> tuple[float, np.ndarray, dict[str, Any]]:
-    update = PlainKMeans(w.initial)
+def run_foreach_batch(spark: SparkSession, w: Workload, location: Path, update: Any) -> float:
+    """Run a plain ``foreachBatch`` query over the workload's files; its wall time."""
     stream = point_stream(spark, w.folder)
     start = time.perf_counter()
     query = (
@@ -249,8 +247,15 @@ def run_plain(
         .start()
     )
     query.awaitTermination()
+    return time.perf_counter() - start
+
+
+def run_plain(
+    spark: SparkSession, w: Workload, location: Path
+) -> tuple[float, np.ndarray, dict[str, Any]]:
+    update = PlainKMeans(w.initial)
     return (
-        time.perf_counter() - start,
+        run_foreach_batch(spark, w, location, update),
         update.centers,
         {"call_s": update.call_s, "build_s": update.build_s},
     )
@@ -260,16 +265,7 @@ def run_plain_df(
     spark: SparkSession, w: Workload, location: Path
 ) -> tuple[float, np.ndarray, dict[str, Any]]:
     update = PlainDataFrameKMeans(initial_model(spark, w.initial))
-    stream = point_stream(spark, w.folder)
-    start = time.perf_counter()
-    query = (
-        stream.writeStream.foreachBatch(update)
-        .option("checkpointLocation", str(location))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    total_s = time.perf_counter() - start
+    total_s = run_foreach_batch(spark, w, location, update)
     return total_s, centers_of(update.model), {}
 
 

@@ -31,7 +31,7 @@ from iterflow.progress.round import RoundProgress
 from iterflow.runtime.checkpoint import (
     Checkpoint,
     Checkpointing,
-    DriverState,
+    driver_state_of,
     lost_checkpoint_block,
 )
 from iterflow.runtime.materialize import Materialized, persist_owned, release
@@ -161,7 +161,10 @@ class RoundLoop:
             # fails, the result in hand is still right: warn rather than lose it.
             try:
                 self.checkpointing.write(
-                    epoch, self._driver_state(termination), self._variables(current), outputs
+                    epoch,
+                    driver_state_of(self, termination=termination),
+                    self._variables(current),
+                    outputs,
                 )
                 self.checkpointing.wait()
             except IterflowError as exc:
@@ -182,17 +185,6 @@ class RoundLoop:
         )
 
     # -- checkpoints -------------------------------------------------------------
-
-    def _driver_state(self, termination: Termination | None) -> DriverState:
-        return DriverState(
-            variable_names=self.check.variable_names or (),
-            state=self.state,
-            listeners=self.listeners.state(),
-            emitted=self.emitter.values,
-            history=self.history,
-            metrics=self.observers.metrics.export(),
-            termination=termination,
-        )
 
     def _variables(self, current: Mapping[str, DataFrame]) -> dict[str, DataFrame]:
         return {name: current[name] for name in self.check.variable_names or ()}
@@ -375,7 +367,7 @@ class RoundLoop:
         if epoch == self.start:
             self._release_variable_inputs()
         if self.checkpointing is not None and termination is None and self.checkpointing.due(epoch):
-            self.checkpointing.write(epoch, self._driver_state(None), next_vars)
+            self.checkpointing.write(epoch, driver_state_of(self), next_vars)
         return {**self._data_inputs(), **next_vars}, materialized_outputs, termination
 
     # -- helpers ---------------------------------------------------------------

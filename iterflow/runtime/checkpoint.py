@@ -24,7 +24,7 @@ import re
 import threading
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 from pyspark import InheritableThread
@@ -100,6 +100,31 @@ class DriverState:
     metrics: dict[str, Any]  # RunMetrics.export()
     termination: Any  # Termination of the final epoch, else None
     stream: Any = None  # an unbounded iteration's position (unbounded/log.py)
+
+
+class LoopState(Protocol):
+    """What a loop (bounded or unbounded) holds on the driver between rounds."""
+
+    check: Any  # DeclarationCheck: the variable names
+    state: dict[str, Any]
+    listeners: Any  # ListenerSet
+    emitter: Any  # Emitter
+    history: list[Any]
+    observers: Any  # RunObservers: the committed metrics
+
+
+def driver_state_of(loop: LoopState, *, termination: Any = None, stream: Any = None) -> DriverState:
+    """The driver state of ``loop`` at a round boundary (pickled by ``snapshot``)."""
+    return DriverState(
+        variable_names=loop.check.variable_names or (),
+        state=loop.state,
+        listeners=loop.listeners.state(),
+        emitted=loop.emitter.values,
+        history=loop.history,
+        metrics=loop.observers.metrics.export(),
+        termination=termination,
+        stream=stream,
+    )
 
 
 @attrs.frozen(kw_only=True)

@@ -36,7 +36,7 @@ from iterflow.body import IterationBody, RoundContext
 from iterflow.errors import IterflowError, IterflowValueError
 from iterflow.progress.listeners import Emitter, IterationEnd, ListenerSet
 from iterflow.progress.round import RoundProgress
-from iterflow.runtime.checkpoint import Checkpointing, DriverState
+from iterflow.runtime.checkpoint import Checkpointing, driver_state_of
 from iterflow.runtime.jvm import in_session
 from iterflow.runtime.materialize import (
     local_frame,
@@ -367,16 +367,7 @@ class EpochLoop:
         position = StreamPosition(
             epoch=self.epoch, batch_id=self.batch_id, rows=dict(self.pending_rows), inline=inline
         )
-        driver = DriverState(
-            variable_names=self.check.variable_names or (),
-            state=self.state,
-            listeners=self.listeners.state(),
-            emitted=self.emitter.values,
-            history=self.history,
-            metrics=self.observers.metrics.export(),
-            termination=None,
-            stream=position,
-        )
+        driver = driver_state_of(self, stream=position)
         self.checkpointing.write(self.epoch, driver, written)
         self.committed_epoch = self.epoch
 
