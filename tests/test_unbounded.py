@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -406,3 +407,82 @@ def test_stop_from_a_listener_commits_the_micro_batch_and_a_restart_continues(sp
     assert query.resumed_from == stopped_at
     # Every epoch ran once, across the stop and the restart.
     assert totals == [(0, 1), (1, 3), (2, 6), (3, 10)]
+
+
+def test_a_restart_drops_sink_epochs_after_the_commit_and_checks_the_location(spark, tmp_path):
+    write_numbers(tmp_path / "in", [[1], [2]])
+    out = itf.FileSink(str(tmp_path / "out"))
+    ckpt = str(tmp_path / "ckpt")
+
+    def start(state: bool = True):
+        return (
+            itf.UnboundedIteration(running_sum)
+            .bind("total", spark.createDataFrame([(0,)], "total long"), state=state)
+            .bind("numbers", numbers_stream(spark, tmp_path / "in"))
+            .sink("total", out)
+            .start(checkpoint_location=ckpt, available_now=True)
+        )
+
+    assert start().await_termination(timeout=120)
+    # What a crashed attempt of a later epoch might have left behind.
+    spark.createDataFrame([(999,)], "total long").write.parquet(out.epoch_path(7))
+    assert start().await_termination(timeout=120)
+    assert sorted((r["epoch"], r["total"]) for r in out.read(spark).collect()) == [(0, 1), (1, 3)]
+
+    with pytest.raises(IterflowValueError, match=r"input 'total' state=True vs False"):
+        start(state=False)
+    shutil.rmtree(tmp_path / "ckpt" / "stream")
+    with pytest.raises(IterflowValueError, match=r"consumed micro-batch 1.*'stream/'\) is gone"):
+        start()
+
+
+def test_a_small_state_variable_with_reordered_columns_survives_a_restart(spark, tmp_path):
+    @itf.body
+    def reordered(acc, numbers):
+        added = numbers.agg(F.coalesce(F.sum("x"), F.lit(0)).cast("long").alias("added"))
+        new = acc.crossJoin(added).select(  # the input's columns are (n, total)
+            (F.col("total") + F.col("added")).alias("total"), (F.col("n") + 1).alias("n")
+        )
+        return itf.Declaration(feedback={"acc": new})
+
+    def start():
+        return (
+            itf.UnboundedIteration(reordered)
+            .bind("acc", spark.createDataFrame([(0, 0)], "n long, total long"), state=True)
+            .bind("numbers", numbers_stream(spark, tmp_path / "in"))
+            .listen(lambda end: seen.append(end.variables["acc"].first().asDict()))
+            .start(checkpoint_location=str(tmp_path / "ckpt"), available_now=True)
+        )
+
+    seen: list[dict] = []
+    write_numbers(tmp_path / "in", [[1], [2], [3]])
+    assert start().await_termination(timeout=120)
+    write_numbers(tmp_path / "more", [[4]])
+    os.replace(tmp_path / "more" / "part-0000.json", tmp_path / "in" / "later.json")
+    query = start()
+    assert query.await_termination(timeout=120) and query.resumed_from == 2
+    assert seen[-1] == {"n": 4, "total": 10}
+
+
+def test_a_failure_while_draining_idle_stops_the_stream(spark, tmp_path):
+    @itf.body
+    def fails_late(work, ctx):
+        if ctx.epoch == 3:
+            raise RuntimeError("late")
+        return countdown({"work": work}, ctx)
+
+    write_rows(tmp_path / "in", [[{"id": 0, "n": 6}]])
+    query = (
+        itf.UnboundedIteration(fails_late)
+        .bind("work", countdown_stream(spark, tmp_path / "in"))
+        .start(
+            checkpoint_location=str(tmp_path / "ckpt"),
+            processing_time="100 milliseconds",
+            max_epochs_per_batch=1,
+        )
+    )
+    with pytest.raises(itf.RoundError, match="epoch 3 failed in body 'fails_late'"):
+        query.await_termination(timeout=120)
+    assert query.status["state"] == "failed"
+    assert not spark.streams.active  # Spark no longer calls the loop
+    assert query.status["committed_epoch"] == 2

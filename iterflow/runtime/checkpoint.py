@@ -81,10 +81,11 @@ def fingerprint_differences(stored: Mapping[str, Any], current: Mapping[str, Any
             problems.append(
                 f"input '{name}' schema ({old[name].get('schema')}) vs ({new[name]['schema']})"
             )
-        if old[name].get("replay") != new[name]["replay"]:
-            problems.append(
-                f"input '{name}' replay={old[name].get('replay')} vs {new[name]['replay']}"
-            )
+        for key in sorted((set(old[name]) | set(new[name])) - {"schema"}):
+            if old[name].get(key) != new[name].get(key):
+                problems.append(
+                    f"input '{name}' {key}={old[name].get(key)} vs {new[name].get(key)}"
+                )
     return problems
 
 
@@ -249,8 +250,8 @@ class CheckpointStore:
             raise IterflowError(
                 f"checkpoint epoch {epoch} in '{self.root}': its driver state does not load "
                 f"({type(exc).__name__}: {exc}); the classes it holds (ctx.state, listener "
-                "state) must be importable as when it was written, or pass resume=False to "
-                "start over"
+                "state) must be importable as when it was written; otherwise start over with "
+                "an empty checkpoint directory"
             ) from exc
         read = self.spark.read.parquet
         return Checkpoint(
@@ -321,7 +322,7 @@ class CheckpointWriteError(IterflowError):
     def __init__(self, epoch: int, cause: BaseException) -> None:
         super().__init__(
             f"the checkpoint of epoch {epoch} failed ({type(cause).__name__}: {cause}); "
-            "earlier checkpoints are intact, and run() resumes from the last one"
+            "earlier checkpoints are intact, and a restart resumes from the last one"
         )
         self.epoch = epoch
         self.__cause__ = cause
@@ -390,6 +391,12 @@ class CheckpointOptions:
     asynchronous: bool = True
     keep: int = 2
     resume: bool = True
+    #: How error messages name the directory option, and how to start over.
+    option: str = "checkpoint_dir"
+    fresh_start: str = (
+        "pass resume=False to start over (this deletes those checkpoints), or use another "
+        "checkpoint_dir"
+    )
 
 
 class Checkpointing:
@@ -419,10 +426,11 @@ class Checkpointing:
         problems = fingerprint_differences(checkpoint.fingerprint, self.fingerprint)
         if problems:
             raise IterflowValueError(
-                f"checkpoint_dir '{self.store.root}' holds checkpoints of another iteration: "
+                f"{self.options.option} '{self.store.root}' holds checkpoints of another "
+                "iteration: "
                 + "; ".join(problems)
-                + ". Bind the same inputs to the same body to resume, pass resume=False to "
-                "start over (this deletes those checkpoints), or use another checkpoint_dir"
+                + f". Bind the same inputs to the same body to resume, or "
+                f"{self.options.fresh_start}"
             )
         return checkpoint
 

@@ -197,7 +197,9 @@ def evaluate_round(
         outputs={name: done.frames[id(df)] for name, df in outputs.items()},
         rows={name: done.rows[id(df)] for name, df in [*feedback.items(), *outputs.items()]},
         produced=list({id(df): df for df in done.frames.values()}.values()),
-        tables={
-            name: done.tables[id(df)] for name, df in feedback.items() if id(df) in done.tables
+        tables={  # in the input's column order, like ``variables``
+            name: done.tables[id(df)].select(check.schemas[name].fieldNames())
+            for name, df in feedback.items()
+            if id(df) in done.tables
         },
     )

@@ -197,23 +197,37 @@ class EpochLoop:
                 self.owned[name] = df
         return checkpoint.epoch if checkpoint is not None else None
 
+    def discard_uncommitted_outputs(self) -> None:
+        """Drop what sinks hold of epochs after the last commit: a crashed attempt wrote
+        them, and this start may run those epochs on other rows (or not at all)."""
+        for sink in self.sinks.values():
+            sink.discard_after(self.spark, self.epoch)
+
     # -- driving ---------------------------------------------------------------------
 
     def on_batch(self, batch: DataFrame, batch_id: int) -> None:
         """The ``foreachBatch`` function: the epochs of micro-batch ``batch_id``, committed."""
         with self.exclusive():
-            if self.stopping.is_set():
+            if self.stopping.is_set() or self.error is not None:
                 # Not taken, so not committed: Spark reads it again on the next start().
-                raise StoppedError(f"micro-batch {batch_id} arrived after stop()")
-            try:
+                raise StoppedError(f"micro-batch {batch_id} arrived after the iteration ended")
+            with self._recording_errors():
                 if batch_id > self.batch_id:  # else: consumed before a crash, replayed by Spark
                     self._take(in_session(batch, self.spark), batch_id)
                     self.batch_id = batch_id
                 self.drain(self.options.max_epochs_per_batch, batch_id)
                 self.commit()
-            except BaseException as exc:
+
+    @contextmanager
+    def _recording_errors(self) -> Iterator[None]:
+        """Keep the first error: the loop's state is then past its last commit, and no
+        thread may run another epoch on it."""
+        try:
+            yield
+        except BaseException as exc:
+            if self.error is None:
                 self.error = exc
-                raise
+            raise
 
     def _take(self, batch: DataFrame, batch_id: int) -> None:
         limit = self.options.max_rows_per_epoch
@@ -240,13 +254,14 @@ class EpochLoop:
 
     def drain_idle(self) -> None:
         """The stream is idle: drain feedback left in flight, and commit."""
-        with self.exclusive():
-            self.drain(self.options.max_epochs_per_batch)
-            self.commit()
+        with self.exclusive(), self._recording_errors():
+            if self.error is None:
+                self.drain(self.options.max_epochs_per_batch)
+                self.commit()
 
     def finish(self) -> None:
         """The inputs have ended: run epoch 0 if none ran, drain every epoch left, commit."""
-        with self.exclusive():
+        with self.exclusive(), self._recording_errors():
             if self.epoch < 0:
                 self.run_epoch(None, None)
             while self.drain(self.options.max_epochs_per_batch):

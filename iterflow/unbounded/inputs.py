@@ -64,6 +64,13 @@ class Chunks:
         self._numbered = batch.withColumn(_ROW, F.monotonically_increasing_id()).persist(
             StorageLevel.MEMORY_AND_DISK
         )
+        try:
+            self._number(max_rows)
+        except BaseException:
+            self.release()
+            raise
+
+    def _number(self, max_rows: int) -> None:
         partition = F.shiftright(F.col(_ROW), _PARTITION_BITS)
         counts = sorted(
             (int(r["p"]), int(r["n"]))

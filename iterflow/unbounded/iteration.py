@@ -17,6 +17,7 @@ from iterflow.runtime.builder import (
     check_progress_option,
 )
 from iterflow.runtime.checkpoint import Checkpointing, CheckpointOptions, fingerprint
+from iterflow.runtime.files import files_for
 from iterflow.runtime.observers import ObserverOptions, RunObservers
 from iterflow.runtime.schema import describe_inputs
 from iterflow.runtime.session import spark_context
@@ -151,7 +152,12 @@ class UnboundedIteration(IterationBuilder):
         checkpointing = Checkpointing(
             active,
             CheckpointOptions(
-                directory=f"{location}/{EPOCHS_DIR}", every=1, asynchronous=False, keep=2
+                directory=f"{location}/{EPOCHS_DIR}",
+                every=1,
+                asynchronous=False,
+                keep=2,
+                option="checkpoint_location",
+                fresh_start="use another checkpoint_location, or delete this one to start over",
             ),
             fingerprint(self._body.name, description),
         )
@@ -177,6 +183,17 @@ class UnboundedIteration(IterationBuilder):
         )
         try:
             resumed_from = loop.restore()
+            stream_files, stream_root = files_for(active, f"{location}/{STREAM_DIR}")
+            stream_started = bool(stream_files.children(f"{stream_root}/offsets"))
+            if loop.batch_id >= 0 and not stream_started:
+                raise IterflowValueError(
+                    f"checkpoint_location '{location}': the epoch log has consumed micro-batch "
+                    f"{loop.batch_id}, but the stream's own checkpoint ('{STREAM_DIR}/') is "
+                    "gone, so Spark would number micro-batches from 0 again and iterflow would "
+                    "skip them. Delete the whole location to start over"
+                )
+            if stream_started or resumed_from is not None:
+                loop.discard_uncommitted_outputs()
             observers.started(inputs, set(), (), resumed_from)
             writer = (
                 combined({name: inputs[name] for name in streams})

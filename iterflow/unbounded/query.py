@@ -105,9 +105,14 @@ class UnboundedQuery:
         except Exception:
             self._done.wait()  # the watcher records the round's own error
             self.await_termination()
+            if self._termination is not None:  # stopped meanwhile
+                return
             raise
         loop = self._loop  # feedback left after the last micro-batch drains while idle
-        while not (loop.in_flight == 0 and loop.committed_epoch == loop.epoch):
+        while True:
+            with loop.exclusive():
+                if loop.in_flight == 0 and loop.committed_epoch == loop.epoch:
+                    return
             if self._done.wait(POLL_S):
                 self.await_termination()
                 return
@@ -164,20 +169,22 @@ class UnboundedQuery:
                     if self._stream.awaitTermination(POLL_S):  # type: ignore[arg-type]
                         break
                 except Exception:
-                    if self._stopping.is_set():
-                        break  # an epoch cut short by stop(); nothing of it was committed
                     if loop.error is None:
+                        if self._stopping.is_set():
+                            break  # a micro-batch refused after stop(); it runs again later
                         raise
                     raise loop.error from loop.error.__cause__  # the round's own error, as raised
                 if not self._available_now and not self._stopping.is_set() and loop.in_flight > 0:
                     loop.drain_idle()
-            if self._stopping.is_set():
-                self._termination = loop.terminate("stopped")
-            else:
-                loop.finish()
-                self._termination = loop.terminate("inputs_ended")
+            if not self._stopping.is_set():
+                loop.finish()  # drains every epoch left, unless stop() comes first
+            ended = "stopped" if self._stopping.is_set() else "inputs_ended"
+            self._termination = loop.terminate(ended)
         except BaseException as exc:
             self._error = exc
+            loop.stopping.set()
+            with contextlib.suppress(Exception):  # Spark must not call the loop again
+                self._stream.stop()
             loop.failed(exc)
         finally:
             try:

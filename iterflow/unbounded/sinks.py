@@ -30,6 +30,8 @@ EPOCH_COLUMN = "epoch"
 class Sink(Protocol):
     def write(self, df: DataFrame, epoch: int, rows: int) -> None: ...
 
+    def discard_after(self, spark: SparkSession, epoch: int) -> None: ...
+
 
 def _format(_instance: Any, _attribute: Any, value: str) -> None:
     if value not in FORMATS:
@@ -71,6 +73,15 @@ class FileSink:
             .save(self.epoch_path(epoch))
         )
 
+    def discard_after(self, spark: SparkSession, epoch: int) -> None:
+        """Delete the epochs after ``epoch`` (the last committed one): a crashed attempt
+        wrote them, and the restarted iteration may take them with other rows."""
+        files, root = files_for(spark, self.path)
+        for name in files.children(root):
+            number = name.removeprefix(f"{EPOCH_COLUMN}=")
+            if number != name and number.isdigit() and int(number) > epoch:
+                files.delete(f"{root}/{name}")
+
     def read(self, spark: SparkSession, schema: Any = None) -> DataFrame:
         """Every epoch written so far, with an ``epoch`` column."""
         reader = spark.read.format(self.format).options(**self.options)
@@ -85,6 +96,9 @@ class CallableSink:
 
     def write(self, df: DataFrame, epoch: int, rows: int) -> None:
         self.fn(df, epoch)
+
+    def discard_after(self, spark: SparkSession, epoch: int) -> None:
+        """Nothing to do: a callable sink is called again for every epoch that runs again."""
 
 
 def sink_of(name: str, target: Any) -> Sink:
