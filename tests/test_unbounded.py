@@ -372,7 +372,11 @@ def test_epochs_report_metrics_and_write_the_event_log(spark, tmp_path):
     assert events[-1]["termination"]["reason"] == "inputs_ended"
     assert events[-1]["metrics"]["numbers_seen"]["committed"] == 6
     report = format_report(events)
-    assert "inputs_ended" in report
+    header = report.splitlines()[0].split()
+    assert {"rows.total", "input.numbers", "backlog.feedback_rows", "batch_id"} <= set(header)
+    assert "ended: inputs_ended at epoch 2" in report
+    epochs = [line.split() for line in report.splitlines()[1:4]]
+    assert [row[header.index("input.numbers")] for row in epochs] == ["3", "1", "2"]
 
 
 def test_stop_from_a_listener_commits_the_micro_batch_and_a_restart_continues(spark, tmp_path):

@@ -23,16 +23,29 @@ _LABELS = {
 }
 
 
+#: Event fields holding one number per name, and the prefix of their columns.
+_PER_NAME = (
+    ("rows", "rows"),
+    ("observed", "observed"),
+    ("input_rows", "input"),
+    ("feedback_rows_in", "feedback_in"),
+    ("backlog", "backlog"),
+)
+
+
 def round_values(event: Mapping[str, Any]) -> dict[str, Any]:
     """The numbers of one ``round_end`` event, by the names ``iterflow plot --metric`` takes.
 
-    ``duration_s``, ``rows.<name>``, ``observed.<name>``, ``converged_value``,
-    ``rounds_remaining_estimate``, ``eta_s``, then each user metric by its name (a
-    distribution by its mean). A user metric named like a field is hidden by it.
+    ``duration_s``, ``rows.<name>``, ``observed.<name>``, for unbounded epochs
+    ``input.<name>``, ``feedback_in.<name>``, ``backlog.<key>`` and ``batch_id``, then
+    ``converged_value``, ``rounds_remaining_estimate``, ``eta_s``, then each user
+    metric by its name (a distribution by its mean). A user metric named like a
+    field is hidden by it.
     """
     values: dict[str, Any] = {"duration_s": event.get("duration_s")}
-    values.update({f"rows.{name}": n for name, n in (event.get("rows") or {}).items()})
-    values.update({f"observed.{name}": n for name, n in (event.get("observed") or {}).items()})
+    for field, prefix in _PER_NAME:
+        values.update({f"{prefix}.{name}": n for name, n in (event.get(field) or {}).items()})
+    values["batch_id"] = event.get("batch_id")
     for field in ("converged_value", "rounds_remaining_estimate", "eta_s"):
         values[field] = event.get(field)
     for name, value in (event.get("metrics") or {}).items():
