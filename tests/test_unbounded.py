@@ -12,7 +12,7 @@ import pytest
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.errors import IterflowTypeError, IterflowValueError
+from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
 from iterflow.progress.events import read_events
 from iterflow.progress.report import format_report
 
@@ -490,3 +490,21 @@ def test_a_failure_while_draining_idle_stops_the_stream(spark, tmp_path):
     assert query.status["state"] == "failed"
     assert not spark.streams.active  # Spark no longer calls the loop
     assert query.status["committed_epoch"] == 2
+
+
+def test_a_damaged_commit_is_an_error_not_a_silent_step_back(spark, tmp_path):
+    write_numbers(tmp_path / "in", [[1], [2]])
+
+    def start():
+        return (
+            itf.UnboundedIteration(running_sum)
+            .bind("total", spark.createDataFrame([(0,)], "total long"), state=True)
+            .bind("numbers", numbers_stream(spark, tmp_path / "in"))
+            .start(checkpoint_location=str(tmp_path / "ckpt"), available_now=True)
+        )
+
+    assert start().await_termination(timeout=120)
+    driver = tmp_path / "ckpt" / "epochs" / "epoch-00000001" / "driver.pkl"
+    driver.write_bytes(driver.read_bytes()[:-1])  # one byte short of what was committed
+    with pytest.raises(IterflowError, match=r"epoch 1 .* committed but is damaged"):
+        start()

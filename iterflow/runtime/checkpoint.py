@@ -203,12 +203,24 @@ class CheckpointStore:
 
     # -- reading -------------------------------------------------------------------
 
-    def latest(self) -> Checkpoint | None:
-        """The newest valid checkpoint; invalid newer ones are skipped with a warning."""
+    def latest(self, *, strict: bool = False) -> Checkpoint | None:
+        """The newest valid checkpoint; invalid newer ones are skipped with a warning.
+
+        With ``strict``, a newer epoch that committed but does not read back whole is
+        an error instead: an unbounded iteration cannot go back to an older commit,
+        because Spark has committed the micro-batches after it.
+        """
         for epoch in reversed(self.epochs()):
             problem = self._problem(epoch)
             if problem is None:
                 return self._read(epoch)
+            if strict and self.files.exists(self._path(epoch_dir(epoch), MARKER)):
+                raise IterflowError(
+                    f"checkpoint epoch {epoch} in '{self.root}' committed but is damaged "
+                    f"({problem}); the micro-batches it consumed cannot be read again, so "
+                    "the iteration cannot resume exactly once. Restore the directory from a "
+                    "copy, or delete the whole location to start over"
+                )
             warnings.warn(
                 f"checkpoint epoch {epoch} in '{self.root}' is not usable ({problem}); "
                 "trying an older one",
@@ -391,6 +403,8 @@ class CheckpointOptions:
     asynchronous: bool = True
     keep: int = 2
     resume: bool = True
+    #: Fail on a damaged committed epoch rather than fall back to an older one.
+    strict: bool = False
     #: How error messages name the directory option, and how to start over.
     option: str = "checkpoint_dir"
     fresh_start: str = (
@@ -420,7 +434,7 @@ class Checkpointing:
         if not self.options.resume:
             self.store.clear()
             return None
-        checkpoint = self.store.latest()
+        checkpoint = self.store.latest(strict=self.options.strict)
         if checkpoint is None:
             return None
         problems = fingerprint_differences(checkpoint.fingerprint, self.fingerprint)

@@ -156,6 +156,7 @@ class UnboundedIteration(IterationBuilder):
                 every=1,
                 asynchronous=False,
                 keep=2,
+                strict=True,
                 option="checkpoint_location",
                 fresh_start="use another checkpoint_location, or delete this one to start over",
             ),
