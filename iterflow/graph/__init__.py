@@ -1,0 +1,9 @@
+"""Iterative graph algorithms on iterflow, in GraphFrames' data model.
+
+Written only against ``iterflow``'s public API, as any user would write them.
+"""
+
+from iterflow.graph.components import connected_components
+from iterflow.graph.model import Graph, GraphError, as_graph
+
+__all__ = ["Graph", "GraphError", "as_graph", "connected_components"]
