@@ -36,11 +36,12 @@ def test_leaf_modules_do_not_import_spark_or_the_loops(leaf: Path) -> None:
     assert offending == set()
 
 
-def test_demo_uses_only_the_public_api() -> None:
-    for path in (PACKAGE / "demo").glob("*.py"):
+@pytest.mark.parametrize("package", ["demo", "graph"])
+def test_users_of_the_public_api_import_nothing_private(package: str) -> None:
+    for path in (PACKAGE / package).glob("*.py"):
         internal = {
             name
             for name in imported_modules(path)
-            if name.startswith("iterflow.") and not name.startswith("iterflow.demo")
+            if name.startswith("iterflow.") and not name.startswith(f"iterflow.{package}")
         }
         assert internal == set(), path.name
