@@ -7,7 +7,7 @@ import random
 import networkx as nx
 import pytest
 
-from iterflow.graph import Graph, GraphError, as_graph, connected_components
+from iterflow.graph import Graph, GraphError, as_graph, connected_components, shortest_paths
 
 
 def random_graph(spark, seed: int, vertices: int, edges: int):
@@ -81,3 +81,16 @@ def test_graph_shaped_objects_are_accepted_and_missing_columns_named(spark):
         Graph(
             GraphFrameLike.vertices, spark.createDataFrame([("1", "2")], "src string, dst string")
         )
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_shortest_paths_to_landmarks_match_networkx(spark, seed):
+    g, reference = random_graph(spark, seed, vertices=50, edges=80)
+    landmarks = [0, 7, 53]  # 53 is isolated: only itself reaches it
+    rows = shortest_paths(g, landmarks, progress=False).collect()
+    backwards = reference.reverse()
+    expected = {v: {} for v in reference.nodes}
+    for landmark in landmarks:
+        for v, d in nx.single_source_shortest_path_length(backwards, landmark).items():
+            expected[v][landmark] = d
+    assert {r["id"]: dict(r["distances"]) for r in rows} == expected

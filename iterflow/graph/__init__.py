@@ -5,5 +5,6 @@ Written only against ``iterflow``'s public API, as any user would write them.
 
 from iterflow.graph.components import connected_components
 from iterflow.graph.model import Graph, GraphError, as_graph
+from iterflow.graph.paths import shortest_paths
 
-__all__ = ["Graph", "GraphError", "as_graph", "connected_components"]
+__all__ = ["Graph", "GraphError", "as_graph", "connected_components", "shortest_paths"]
