@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import networkx as nx
 import pytest
 
-from iterflow.graph import Graph, GraphError, as_graph, connected_components, shortest_paths
+from iterflow.graph import (
+    Graph,
+    GraphError,
+    as_graph,
+    connected_components,
+    label_propagation,
+    shortest_paths,
+)
 
 
 def random_graph(spark, seed: int, vertices: int, edges: int):
@@ -94,3 +102,48 @@ def test_shortest_paths_to_landmarks_match_networkx(spark, seed):
         for v, d in nx.single_source_shortest_path_length(backwards, landmark).items():
             expected[v][landmark] = d
     assert {r["id"]: dict(r["distances"]) for r in rows} == expected
+
+
+def majority_rule(graph: nx.Graph, labels: dict) -> dict:
+    """One synchronous round of the rule, in plain Python: the most frequent label among a
+    vertex's own and its neighbours' (the smallest on a tie)."""
+    new = {}
+    for v in graph.nodes:
+        votes = Counter([labels[v]] + [labels[u] for u in graph.neighbors(v) if u != v])
+        new[v] = min(votes.items(), key=lambda item: (-item[1], item[0]))[0]
+    return new
+
+
+def test_label_propagation_ends_on_a_fixed_point_and_finds_two_cliques(spark):
+    left, right = range(0, 6), range(6, 12)
+    pairs = [(a, b) for group in (left, right) for a in group for b in group if a < b]
+    pairs.append((5, 6))  # one bridge
+    g = Graph(
+        spark.createDataFrame([(v,) for v in range(12)], "id long"),
+        spark.createDataFrame(pairs, "src long, dst long"),
+    )
+    seen = []
+    rows = label_propagation(g, listen=lambda end: seen.append(end.progress), progress=False)
+    labels = {r["id"]: r["label"] for r in rows.collect()}
+    reference = nx.Graph(pairs)
+    assert majority_rule(reference, labels) == labels  # a fixed point of the rule
+    assert len({labels[v] for v in left}) == 1 and len({labels[v] for v in right}) == 1
+    assert labels[0] != labels[11]
+    assert seen[-1].criteria_empty is True  # it stopped because nothing changed
+    assert seen[0].observed["messages"] == 2 * len(pairs)
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_label_propagation_matches_the_rule_round_by_round(spark, seed):
+    g, directed = random_graph(spark, seed, vertices=30, edges=40)
+    reference = nx.Graph(directed)
+    reference.remove_edges_from(nx.selfloop_edges(reference))
+    rounds = 3
+    rows = label_propagation(g, max_rounds=rounds, progress=False).collect()
+    expected = {v: v for v in reference.nodes}
+    for _ in range(rounds):
+        following = majority_rule(reference, expected)
+        if following == expected:
+            break
+        expected = following
+    assert {r["id"]: r["label"] for r in rows} == expected

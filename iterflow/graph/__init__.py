@@ -4,7 +4,15 @@ Written only against ``iterflow``'s public API, as any user would write them.
 """
 
 from iterflow.graph.components import connected_components
+from iterflow.graph.labels import label_propagation
 from iterflow.graph.model import Graph, GraphError, as_graph
 from iterflow.graph.paths import shortest_paths
 
-__all__ = ["Graph", "GraphError", "as_graph", "connected_components", "shortest_paths"]
+__all__ = [
+    "Graph",
+    "GraphError",
+    "as_graph",
+    "connected_components",
+    "label_propagation",
+    "shortest_paths",
+]
