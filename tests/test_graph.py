@@ -14,6 +14,7 @@ from iterflow.graph import (
     as_graph,
     connected_components,
     label_propagation,
+    pagerank,
     shortest_paths,
 )
 
@@ -147,3 +148,14 @@ def test_label_propagation_matches_the_rule_round_by_round(spark, seed):
             break
         expected = following
     assert {r["id"]: r["label"] for r in rows} == expected
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_pagerank_matches_networkx_with_self_loops_duplicates_and_dangling(spark, seed):
+    g, reference = random_graph(spark, seed, vertices=40, edges=90)
+    rows = pagerank(g, tol=1e-12, max_rounds=300, progress=False).collect()
+    expected = nx.pagerank(reference, alpha=0.85, tol=1e-14, max_iter=2000)
+    got = {r["id"]: r["pagerank"] for r in rows}
+    assert got.keys() == expected.keys()
+    assert max(abs(got[v] - expected[v]) for v in expected) < 1e-6
+    assert {r["id"]: r["name"] for r in rows} == {v: f"v{v}" for v in expected}

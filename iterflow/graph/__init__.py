@@ -6,6 +6,7 @@ Written only against ``iterflow``'s public API, as any user would write them.
 from iterflow.graph.components import connected_components
 from iterflow.graph.labels import label_propagation
 from iterflow.graph.model import Graph, GraphError, as_graph
+from iterflow.graph.pagerank import pagerank
 from iterflow.graph.paths import shortest_paths
 
 __all__ = [
@@ -14,5 +15,6 @@ __all__ = [
     "as_graph",
     "connected_components",
     "label_propagation",
+    "pagerank",
     "shortest_paths",
 ]
