@@ -32,6 +32,7 @@ from iterflow.runtime.checkpoint import (
     Checkpoint,
     Checkpointing,
     driver_state_of,
+    load_driver_state,
     lost_checkpoint_block,
 )
 from iterflow.runtime.materialize import Materialized, persist_owned, release
@@ -191,15 +192,8 @@ class RoundLoop:
 
     def _resume(self, checkpoint: Checkpoint) -> dict[str, DataFrame]:
         """Restore the driver state of ``checkpoint``; the inputs of its next round."""
-        driver = checkpoint.driver
         self.start = checkpoint.epoch + 1
-        self.check.variable_names = tuple(driver.variable_names)
-        self.state.clear()
-        self.state.update(driver.state)
-        self.listeners.load_state(driver.listeners)
-        self.emitter.values.clear()
-        self.emitter.values.update({k: list(v) for k, v in driver.emitted.items()})
-        self.history[:] = driver.history
+        load_driver_state(self, checkpoint.driver)
         variables = {n: self.check.aligned(n, df) for n, df in checkpoint.variables.items()}
         return {**self._data_inputs(), **variables}
 

@@ -128,6 +128,19 @@ def driver_state_of(loop: LoopState, *, termination: Any = None, stream: Any = N
     )
 
 
+def load_driver_state(loop: LoopState, driver: DriverState) -> None:
+    """Put ``driver`` back into ``loop`` (the inverse of ``driver_state_of``), in place:
+    listener state goes into the listener objects registered now. Metrics are left to
+    the caller, which knows whether the rounds since count as committed."""
+    loop.check.variable_names = tuple(driver.variable_names)
+    loop.state.clear()
+    loop.state.update(driver.state)
+    loop.listeners.load_state(driver.listeners)
+    loop.emitter.values.clear()
+    loop.emitter.values.update({k: list(v) for k, v in driver.emitted.items()})
+    loop.history[:] = driver.history
+
+
 @attrs.frozen(kw_only=True)
 class Checkpoint:
     """A committed epoch, read back: DataFrames over its parquet files and the driver state."""

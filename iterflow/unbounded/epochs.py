@@ -36,7 +36,7 @@ from iterflow.body import IterationBody, RoundContext
 from iterflow.errors import IterflowError, IterflowValueError
 from iterflow.progress.listeners import Emitter, IterationEnd, ListenerSet
 from iterflow.progress.round import RoundProgress
-from iterflow.runtime.checkpoint import Checkpointing, driver_state_of
+from iterflow.runtime.checkpoint import Checkpointing, driver_state_of, load_driver_state
 from iterflow.runtime.jvm import in_session
 from iterflow.runtime.materialize import (
     local_frame,
@@ -59,7 +59,6 @@ INLINE_ROWS = 10_000
 #: A state variable that had at most this many rows in the last epoch is collected
 #: rather than checkpointed: the next body and the commit read it without a job.
 DRIVER_ROWS = 1_000
-_SMALL = range(DRIVER_ROWS + 1)
 #: Per-epoch progress kept in memory and in the epoch log.
 RECENT_EPOCHS = 1_000
 
@@ -173,11 +172,7 @@ class EpochLoop:
                     f"checkpoint_location '{self.checkpointing.store.root}' holds checkpoints of "
                     "a bounded iteration; give the unbounded iteration its own location"
                 )
-            self.check.variable_names = tuple(driver.variable_names)
-            self.state.update(driver.state)
-            self.listeners.load_state(driver.listeners)
-            self.emitter.values.update({k: list(v) for k, v in driver.emitted.items()})
-            self.history[:] = driver.history
+            load_driver_state(self, driver)
             self.observers.metrics.restore(driver.metrics)
             self.pending_tables = {name: table for name, (_, table) in position.inline.items()}
             inline = {
@@ -405,9 +400,7 @@ class EpochLoop:
             return termination
 
     def failed(self, error: BaseException) -> None:
-        epoch = (
-            error.epoch if isinstance(error, IterflowError) and hasattr(error, "epoch") else None
-        )
+        epoch = getattr(error, "epoch", None) if isinstance(error, IterflowError) else None
         self.observers.failed(epoch, error)
 
     def close(self) -> None:

@@ -32,7 +32,6 @@ class UnboundedQuery:
         self._stream = stream
         self._available_now = available_now
         self.resumed_from: int | None = resumed_from
-        self._stopping = threading.Event()
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._termination: Termination | None = None
@@ -70,7 +69,7 @@ class UnboundedQuery:
         if self._done.is_set():
             state = "failed" if self._error is not None else "terminated"
         else:
-            state = "stopping" if self._stopping.is_set() else "running"
+            state = "stopping" if self._loop.stopping.is_set() else "running"
         stream: dict[str, Any] = {}
         with contextlib.suppress(Exception):  # the query is gone
             stream = dict(self._stream.status)
@@ -124,8 +123,7 @@ class UnboundedQuery:
         same checkpoint location continues from there. Called from a listener,
         it returns at once and the stream stops after the current micro-batch.
         """
-        if not self._stopping.is_set():
-            self._stopping.set()
+        if not self._loop.stopping.is_set():
             self._loop.stopping.set()
             threading.Thread(target=self._stop_stream, name="iterflow-stop", daemon=True).start()
         if not self._inside():
@@ -170,15 +168,15 @@ class UnboundedQuery:
                         break
                 except Exception:
                     if loop.error is None:
-                        if self._stopping.is_set():
+                        if loop.stopping.is_set():
                             break  # a micro-batch refused after stop(); it runs again later
                         raise
                     raise loop.error from loop.error.__cause__  # the round's own error, as raised
-                if not self._available_now and not self._stopping.is_set() and loop.in_flight > 0:
+                if not self._available_now and not loop.stopping.is_set() and loop.in_flight > 0:
                     loop.drain_idle()
-            if not self._stopping.is_set():
+            if not loop.stopping.is_set():
                 loop.finish()  # drains every epoch left, unless stop() comes first
-            ended = "stopped" if self._stopping.is_set() else "inputs_ended"
+            ended = "stopped" if loop.stopping.is_set() else "inputs_ended"
             self._termination = loop.terminate(ended)
         except BaseException as exc:
             self._error = exc
