@@ -93,6 +93,8 @@ class RoundScope(Protocol):
 
     def cache(self, df: DataFrame, lifecycle: Lifecycle) -> DataFrame: ...
 
+    def columnar(self, df: DataFrame, prepare: Any) -> Any: ...
+
 
 class RoundContext:
     """The round being built: its ``epoch``, the iteration's ``state``, and helpers."""
@@ -113,6 +115,23 @@ class RoundContext:
     def cache(self, df: DataFrame, lifecycle: Lifecycle = "round") -> DataFrame:
         """Persist ``df`` until the end of this round or of the whole iteration."""
         return self._scope.cache(df, lifecycle)
+
+    def columnar(self, df: DataFrame, prepare: Callable[[Any], Any] | None = None) -> Any:
+        """``df`` as Arrow files that vectorized kernels read in place, every round.
+
+        The first call for a plan (in practice: a data input) runs one job that
+        writes every partition, passed through ``prepare`` (a function of a
+        ``pyarrow.Table`` returning one, e.g. to turn ids into array indices), as
+        an Arrow file; later calls in the same iteration return the same
+        ``ColumnarData``, and the files are deleted when the iteration ends.
+        ``ColumnarData.map(kernel, schema, *args)`` is a DataFrame of
+        ``kernel(table, *args)`` over the files, one task each, with no data
+        crossing from the JVM to Python::
+
+            edges = ctx.columnar(edges_df)
+            partial = edges.map(lambda t, r: ..., "total DOUBLE", ranks)
+        """
+        return self._scope.columnar(df, prepare)
 
     def __repr__(self) -> str:
         return f"RoundContext(epoch={self.epoch})"

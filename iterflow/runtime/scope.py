@@ -6,6 +6,7 @@ from pyspark.sql import DataFrame, Observation
 
 from iterflow.body import Lifecycle
 from iterflow.errors import IterflowTypeError, IterflowValueError
+from iterflow.runtime.columnar import ColumnarData, Prepare, plan_key
 from iterflow.runtime.materialize import (
     observe_rows,
     observed_rows,
@@ -19,6 +20,14 @@ class CacheRegistry:
 
     def __init__(self) -> None:
         self._owned: dict[str, list[DataFrame]] = {"round": [], "iteration": []}
+        self._columnar: dict[int, ColumnarData] = {}
+
+    def columnar(self, df: DataFrame, prepare: Prepare | None) -> ColumnarData:
+        """``df`` as Arrow files, written at the first call for its plan in this iteration."""
+        key = plan_key(df)
+        if key not in self._columnar:
+            self._columnar[key] = ColumnarData.write(df, prepare)
+        return self._columnar[key]
 
     def cache(self, df: DataFrame, lifecycle: Lifecycle) -> DataFrame:
         if lifecycle not in self._owned:
@@ -31,6 +40,10 @@ class CacheRegistry:
         for df in self._owned[lifecycle]:
             df.unpersist(blocking=False)
         self._owned[lifecycle] = []
+        if lifecycle == "iteration":
+            for data in self._columnar.values():
+                data.release()
+            self._columnar = {}
 
 
 class SparkRoundScope:
@@ -59,6 +72,11 @@ class SparkRoundScope:
         if not isinstance(df, DataFrame):
             raise IterflowTypeError(f"cache() takes a DataFrame, got {type(df).__name__}")
         return self._caches.cache(df, lifecycle)
+
+    def columnar(self, df: DataFrame, prepare: Prepare | None) -> ColumnarData:
+        if not isinstance(df, DataFrame):
+            raise IterflowTypeError(f"columnar() takes a DataFrame, got {type(df).__name__}")
+        return self._caches.columnar(df, prepare)
 
     def observed(self) -> dict[str, int | None]:
         return {name: observed_rows(obs) for name, obs in self._observations.items()}

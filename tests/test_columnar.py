@@ -1,0 +1,57 @@
+"""RoundContext.columnar: a data input written once as Arrow files that kernels read in place."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+import iterflow as itf
+from iterflow.runtime.columnar import DIRECTORY_CONF, _open
+
+
+def test_kernels_read_the_files_written_once_for_the_whole_iteration(spark, tmp_path):
+    values = np.arange(1, 1001, dtype=np.float64)
+    points = spark.createDataFrame(pa.table({"x": values})).repartition(3)
+    seen = []
+
+    def doubled(table: pa.Table) -> pa.Table:  # the prepare step runs once per partition
+        return pa.table({"x2": pc.multiply(table["x"], 2.0)})
+
+    def total(table: pa.Table, scale: float) -> pa.Table:
+        return pa.table({"total": [float(np.sum(table["x2"].to_numpy())) * scale]})
+
+    @itf.body
+    def step(acc, points, ctx):
+        files = ctx.columnar(points, doubled)
+        seen.append(files)
+        assert all(os.path.exists(location) for location in files.locations)
+        partial = files.map(total, "total DOUBLE", ctx.epoch + 1.0)
+        new_acc = partial.groupBy().sum("total").withColumnRenamed("sum(total)", "acc")
+        return itf.Declaration(feedback={"acc": new_acc}, outputs={"acc": new_acc})
+
+    spark.conf.set(DIRECTORY_CONF, str(tmp_path))
+    try:
+        result = (
+            itf.BoundedIteration(step)
+            .bind("acc", spark.createDataFrame([(0.0,)], "acc double"))
+            .bind("points", points)
+            .until(itf.max_rounds(3))
+            .run(progress=False)
+        )
+    finally:
+        spark.conf.unset(DIRECTORY_CONF)
+    # Round k sums 2x scaled by k + 1: the last round (k = 2) gives 3 * 2 * sum(x).
+    assert result.outputs["acc"].first()["acc"] == pytest.approx(3 * 2 * values.sum())
+    assert seen[0] is seen[1] is seen[2]  # written at the first call only
+    assert seen[0].rows == 1000 and seen[0].partitions == 3
+    assert all(loc.startswith(str(tmp_path)) for loc in seen[0].locations)
+    assert not any(os.path.exists(location) for location in seen[0].locations)  # released
+
+
+def test_a_missing_file_names_the_setting_to_fix(tmp_path):
+    with pytest.raises(itf.IterflowError, match=DIRECTORY_CONF):
+        _open(str(tmp_path / "part-gone.arrow"))
