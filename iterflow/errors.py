@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class IterflowError(Exception):
     """Base of every error iterflow raises for misuse or a failed round.
@@ -27,6 +29,22 @@ class DivergenceError(IterflowError, ArithmeticError):
         self.epoch = epoch
 
 
+_RAISED = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
+
+
+def _gist(cause: BaseException) -> str:
+    """The first line of ``cause``; for an error from a Python worker, which opens with
+    a header and a traceback, the error the worker raised."""
+    lines = str(cause).strip().splitlines()
+    if not lines:
+        return ""
+    if lines[0].rstrip().endswith(":"):
+        raised = [m for m in map(_RAISED.match, lines) if m]
+        if raised:
+            return f"{lines[0].rstrip()} {raised[-1].group(1)}: {raised[-1].group(2)}"
+    return lines[0]
+
+
 class RoundError(IterflowError):
     """Something raised inside round ``epoch``: the body, a listener or a Spark job.
 
@@ -35,8 +53,7 @@ class RoundError(IterflowError):
     """
 
     def __init__(self, epoch: int, stage: str, cause: BaseException) -> None:
-        first_line = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
-        super().__init__(f"epoch {epoch} failed in {stage}: {type(cause).__name__}: {first_line}")
+        super().__init__(f"epoch {epoch} failed in {stage}: {type(cause).__name__}: {_gist(cause)}")
         self.epoch = epoch
         self.stage = stage
 

@@ -274,3 +274,21 @@ def test_failed_run_releases_what_it_persisted(
     leaked = {k: v for k, v in persisted(spark).items() if k not in before}
     assert leaked == {}
     assert edges.storageLevel.useMemory is False
+
+
+def test_round_error_shows_what_a_python_worker_raised():
+    from iterflow.errors import RoundError
+
+    worker = RuntimeError(
+        "An exception was thrown from the Python worker:\n"
+        "Traceback (most recent call last):\n"
+        '  File "kernel.py", line 3, in prepare\n'
+        "iterflow.graph.model.GraphError: edges end at ids that are not vertices, e.g. [7]\n"
+    )
+    assert str(RoundError(2, "body 'step'", worker)) == (
+        "epoch 2 failed in body 'step': RuntimeError: An exception was thrown from the "
+        "Python worker: iterflow.graph.model.GraphError: edges end at ids that are not "
+        "vertices, e.g. [7]"
+    )
+    plain = ValueError("first line\nsecond line")
+    assert str(RoundError(0, "body 'step'", plain)).endswith("ValueError: first line")
