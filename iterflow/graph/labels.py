@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 
 import iterflow as itf
 from iterflow.graph.components import undirected_edges
-from iterflow.graph.model import as_graph
+from iterflow.graph.model import as_graph, graph_result
 
 
 @itf.body
@@ -41,7 +41,7 @@ def adopt_majority_label(labels: DataFrame, edges: DataFrame, ctx: Any) -> itf.D
 
 def label_propagation(
     graph: Any, *, max_rounds: int = 20, listen: Any = None, **run_options: Any
-) -> DataFrame:
+) -> Any:
     """The vertices of ``graph`` with a ``label`` column: their community.
 
     ``listen`` and ``run_options`` are as in ``connected_components``.
@@ -59,4 +59,6 @@ def label_propagation(
     )
     if listen is not None:
         iteration = iteration.listen(listen)
-    return g.vertices.join(iteration.run(**run_options).outputs["labels"], "id")
+    return graph_result(
+        graph, g.vertices.join(iteration.run(**run_options).outputs["labels"], "id")
+    )

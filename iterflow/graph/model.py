@@ -73,3 +73,15 @@ def as_graph(graph: Any) -> Graph:
             f".vertices and .edges DataFrames (a GraphFrame), got {type(graph).__name__}"
         )
     return Graph(graph.vertices, graph.edges)
+
+
+def graph_result(graph: Any, vertices: DataFrame) -> Any:
+    """What a graph function returns: ``vertices``, or a GraphFrame of ``vertices`` and the
+    input's edges when the input was a GraphFrame (graphframes-py with its JVM package)."""
+    try:
+        from graphframes import GraphFrame  # type: ignore[import-not-found]
+    except ImportError:
+        return vertices
+    if isinstance(graph, GraphFrame):
+        return GraphFrame(vertices, graph.edges)
+    return vertices

@@ -17,7 +17,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 import iterflow as itf
-from iterflow.graph.model import GraphError, as_graph
+from iterflow.graph.model import GraphError, as_graph, graph_result
+from iterflow.graph.pregel import Pregel, run_pregel
 
 
 @itf.body
@@ -48,7 +49,7 @@ def settle_next_ring(
 
 def shortest_paths(
     graph: Any, landmarks: Iterable[Any], *, listen: Any = None, **run_options: Any
-) -> DataFrame:
+) -> Any:
     """The vertices of ``graph`` with ``distances``: a map from each landmark that the vertex
     can reach along the edges to the number of edges on the shortest path (empty when none).
 
@@ -81,7 +82,62 @@ def shortest_paths(
     distances = reached.groupBy("id").agg(
         F.map_from_entries(F.collect_list(F.struct("landmark", "distance"))).alias("distances")
     )
-    return g.vertices.join(distances, "id", "left").withColumn(
-        "distances",
-        F.coalesce("distances", F.create_map().cast(distances.schema["distances"].dataType)),
+    return graph_result(
+        graph,
+        g.vertices.join(distances, "id", "left").withColumn(
+            "distances",
+            F.coalesce("distances", F.create_map().cast(distances.schema["distances"].dataType)),
+        ),
     )
+
+
+def weighted_shortest_paths(
+    graph: Any,
+    source: Any,
+    *,
+    weight: str = "weight",
+    listen: Any = None,
+    **run_options: Any,
+) -> Any:
+    """The vertices of ``graph`` with ``distance``: the length of the shortest path from
+    ``source`` along the edges, summing the edge column ``weight`` (null when unreachable).
+
+    Bellman-Ford as a Pregel program (``iterflow.graph.pregel``): only the
+    vertices whose distance shrank in a round send in the next one. Negative
+    weights are allowed; a negative cycle reachable from ``source`` is a
+    ``GraphError``. ``listen`` and ``run_options`` are as in ``connected_components``.
+
+    Example::
+
+        weighted_shortest_paths(Graph(vertices, edges), source=1, weight="km")
+    """
+    g = as_graph(graph)
+    if weight not in g.edges.columns:
+        raise GraphError(
+            f"weighted_shortest_paths(weight={weight!r}): the edges have no such column; "
+            f"their columns are {g.edges.columns}"
+        )
+    if not g.vertices.where(F.col("id") == F.lit(source)).take(1):
+        raise GraphError(f"weighted_shortest_paths(source={source!r}): no vertex has that id")
+    # A shortest path has fewer than n edges: one more round means a negative cycle.
+    bound = g.vertices.count() + 1
+    result = run_pregel(
+        g,
+        init={
+            "distance": F.when(F.col("id") == F.lit(source), F.lit(0.0)).otherwise(
+                F.lit(None).cast("double")
+            )
+        },
+        update={"distance": F.least(F.col("distance"), Pregel.msg())},
+        send_to_dst=Pregel.src("distance") + Pregel.edge(weight).cast("double"),
+        aggregate=F.min,
+        max_rounds=bound,
+        listen=listen,
+        **run_options,
+    )
+    if result.termination.reason == "max_rounds":
+        raise GraphError(
+            f"weighted_shortest_paths: distances still shrink after {bound} rounds, so a "
+            f"cycle of negative '{weight}' is reachable from {source!r}"
+        )
+    return graph_result(graph, result.outputs["vertices"])
