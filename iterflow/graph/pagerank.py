@@ -3,7 +3,17 @@ out-edges (dangling) spreads its rank uniformly over all vertices, and
 
     rank'(v) = (1 - alpha) / n + alpha * (sum over u -> v of rank(u) / out(u) + dangling / n)
 
-Written on iterflow's public API only; ``iterflow.demo.pagerank`` runs the same body.
+Two ways to run it, both on iterflow's public API only:
+
+- ``method="arrow"`` (the default while the rank vector fits a broadcast): the
+  edges are written once as Arrow files (``RoundContext.columnar``), partitioned
+  by source, deduplicated and turned into array indices; every round one numpy
+  kernel per file adds up its contributions with ``np.bincount``, and one task
+  sums the partials into the next rank vector. The variable is that vector, one
+  row.
+- ``method="dataframe"``: joins and aggregates over ``(id, rank)`` rows, for
+  graphs whose rank vector does not fit in memory; ``iterflow.demo.pagerank``
+  runs the same body.
 """
 
 from __future__ import annotations
@@ -11,13 +21,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.graph.model import as_graph
+from iterflow.graph.model import GraphError, as_graph, graph_result
 
 ALPHA = 0.85
+#: Above this many vertices ``method="auto"`` keeps the ranks in DataFrame rows.
+VECTOR_LIMIT = 5_000_000
 
 
 def initial_ranks(vertices: DataFrame, edges: DataFrame) -> DataFrame:
@@ -44,7 +59,9 @@ def pagerank_update(
 ) -> tuple[DataFrame, DataFrame]:
     """One PageRank step: ``(new_ranks, delta)``.
 
-    ``delta`` is a one-row DataFrame holding the L1 change of the ranks;
+    ``delta`` is a one-row DataFrame holding the L1 change of the ranks. With a
+    ``teleport`` column in ``ranks`` (personalization, summing to 1) random jumps
+    and dangling rank go there instead of uniformly;
     ``observe`` wraps the per-vertex contributions (e.g. ``ctx.observe``).
     """
     shares = ranks.where(F.col("out_degree") > 0).select(
@@ -57,16 +74,21 @@ def pagerank_update(
     dangling = ranks.where(F.col("out_degree") == 0).agg(
         F.coalesce(F.sum("rank"), F.lit(0.0)).alias("dangling")
     )
+    # A "teleport" column (personalization, summing to 1) replaces the uniform 1/n.
+    personal = "teleport" in ranks.columns
+    teleport = F.col("teleport") if personal else F.lit(1.0 / n)
     new_ranks = (
         ranks.join(contributions, "id", "left")
         .crossJoin(F.broadcast(dangling))
         .select(
             "id",
             (
-                F.lit((1.0 - alpha) / n)
-                + F.lit(alpha) * (F.coalesce(F.col("in"), F.lit(0.0)) + F.col("dangling") / n)
+                F.lit(1.0 - alpha) * teleport
+                + F.lit(alpha)
+                * (F.coalesce(F.col("in"), F.lit(0.0)) + F.col("dangling") * teleport)
             ).alias("rank"),
             "out_degree",
+            *(["teleport"] if personal else []),
         )
     )
     delta = (
@@ -92,34 +114,208 @@ def pagerank_body(n: int, *, alpha: float = ALPHA, tol: float | None = None) -> 
     return pagerank_step
 
 
+# -- the Arrow path: edges as files, ranks as one vector ------------------------------
+
+#: The variable of the Arrow path: the rank vector (in the order of the vertex ids
+#: array) and the L1 change of the round that made it.
+VECTOR_SCHEMA = "rank ARRAY<DOUBLE>, delta DOUBLE"
+PARTIAL_SCHEMA = "contribution ARRAY<DOUBLE>, held DOUBLE"
+
+
+def edge_indices(ids: pa.Array) -> Callable[[pa.Table], pa.Table]:
+    """A ``columnar`` prepare step for the edges of one source partition.
+
+    Turns ids into positions in ``ids``, drops duplicate edges, sorts by source
+    and adds ``share`` (1 / out-degree of the source: every out-edge of a source
+    is in its partition) and ``first`` (the first edge of each source).
+    """
+
+    def prepare(table: pa.Table) -> pa.Table:
+        src_at, dst_at = (pc.index_in(table[end], value_set=ids) for end in ("src", "dst"))
+        if src_at.null_count or dst_at.null_count:
+            strays = pc.filter(table["src"], pc.is_null(src_at)).to_pylist()[:3]
+            strays += pc.filter(table["dst"], pc.is_null(dst_at)).to_pylist()[:3]
+            raise GraphError(f"edges end at ids that are not vertices, e.g. {strays}")
+        src = src_at.to_numpy(zero_copy_only=False)
+        dst = dst_at.to_numpy(zero_copy_only=False)
+        n = len(ids)
+        pairs = np.unique(src.astype(np.int64) * n + dst.astype(np.int64))  # sorted by source
+        src, dst = pairs // n, pairs % n
+        first = np.ones(len(src), dtype=bool)
+        first[1:] = src[1:] != src[:-1]
+        starts = np.flatnonzero(first)
+        degree = np.diff(np.append(starts, len(src)))
+        return pa.table(
+            {
+                "src": src,
+                "dst": dst,
+                "share": 1.0 / np.repeat(degree, degree).astype(np.float64),
+                "first": first,
+            }
+        )
+
+    return prepare
+
+
+def _vector_row(values: np.ndarray, extra: float) -> pa.Table:
+    offsets = pa.array(np.array([0, len(values)], dtype=np.int32))
+    return pa.table(
+        [pa.ListArray.from_arrays(offsets, pa.array(values)), pa.array([float(extra)])],
+        names=["rank", "delta"],
+    )
+
+
+def contributions(table: pa.Table, ranks: np.ndarray) -> pa.Table:
+    """Kernel: the rank that one partition's edges carry to every vertex, and the rank
+    its sources hold (the rest is the dangling vertices')."""
+    src = table["src"].to_numpy()
+    spread = np.bincount(
+        table["dst"].to_numpy(),
+        weights=ranks[src] * table["share"].to_numpy(),
+        minlength=len(ranks),
+    )
+    held = ranks[src[table["first"].to_numpy(zero_copy_only=False)]].sum()
+    offsets = pa.array(np.array([0, len(spread)], dtype=np.int32))
+    return pa.table(
+        [pa.ListArray.from_arrays(offsets, pa.array(spread)), pa.array([held])],
+        names=["contribution", "held"],
+    )
+
+
+def next_ranks(alpha: float, ranks: np.ndarray, teleport: np.ndarray) -> Callable[[Any], pa.Table]:
+    """Kernel over all partials: the next rank vector and its L1 change."""
+
+    def finish(batches: Any) -> Any:
+        spread = np.zeros(len(ranks))
+        held = 0.0
+        for batch in batches:
+            for row in range(batch.num_rows):
+                spread += batch.column(0)[row].values.to_numpy()
+            held += float(np.sum(batch.column(1).to_numpy()))
+        dangling = ranks.sum() - held
+        new = alpha * (spread + dangling * teleport) + (1.0 - alpha) * teleport
+        yield from _vector_row(new, np.abs(new - ranks).sum()).to_batches()
+
+    return finish
+
+
+def vector_body(
+    ids: pa.Array, teleport: np.ndarray, alpha: float, tol: float | None
+) -> itf.IterationBody:
+    """PageRank on the rank vector, with the edges as Arrow files read in place."""
+    prepare = edge_indices(ids)
+
+    @itf.body
+    def pagerank_vector(
+        ranks: DataFrame, edges: DataFrame, ctx: itf.RoundContext
+    ) -> itf.Declaration:
+        current = ranks.toArrow().column("rank")[0].values.to_numpy()  # the input: materialized
+        files = ctx.columnar(edges, prepare)
+        partials = files.map(contributions, PARTIAL_SCHEMA, current)
+        new_ranks = partials.repartition(1).mapInArrow(
+            next_ranks(alpha, current, teleport), VECTOR_SCHEMA
+        )
+        return itf.Declaration(
+            feedback={"ranks": new_ranks},
+            outputs={"ranks": new_ranks},
+            until=itf.converged(new_ranks.select("delta"), tol) if tol is not None else None,
+        )
+
+    return pagerank_vector
+
+
+def _teleport(ids: pa.Array, personalization: dict[Any, float] | None) -> np.ndarray:
+    n = len(ids)
+    if personalization is None:
+        return np.full(n, 1.0 / n)
+    weights = np.zeros(n)
+    positions = pc.index_in(pa.array(list(personalization)), value_set=ids).to_pylist()
+    unknown = [v for v, at in zip(personalization, positions, strict=True) if at is None]
+    if unknown:
+        raise GraphError(
+            f"pagerank(personalization=...) names vertices that are not in the graph: {unknown[:5]}"
+        )
+    for at, weight in zip(positions, personalization.values(), strict=True):
+        weights[at] += float(weight)
+    if (weights < 0).any() or weights.sum() <= 0:
+        raise GraphError(
+            "pagerank(personalization=...) needs non-negative weights with a positive sum"
+        )
+    return weights / weights.sum()
+
+
 def pagerank(
     graph: Any,
     *,
     tol: float | None = 1e-8,
     max_rounds: int = 100,
     alpha: float = ALPHA,
+    personalization: dict[Any, float] | None = None,
+    method: str = "auto",
     listen: Any = None,
     **run_options: Any,
-) -> DataFrame:
+) -> Any:
     """The vertices of ``graph`` with a ``pagerank`` column, iterated until the L1 change of
     the ranks is at most ``tol`` (``tol=None``: exactly ``max_rounds`` rounds).
 
     Duplicate edges count once and a self-loop counts as an out-edge, as in a networkx
-    ``DiGraph``. ``listen`` and ``run_options`` are as in ``connected_components``.
+    ``DiGraph``. ``personalization`` maps vertex ids to weights (normalized to sum 1):
+    random jumps and the rank of dangling vertices go there instead of uniformly,
+    as in ``networkx.pagerank(personalization=...)``. ``method`` is ``"arrow"``
+    (numpy kernels over the edges kept as Arrow files; the rank vector is held in
+    memory), ``"dataframe"`` (joins over rank rows) or ``"auto"`` (``"arrow"`` up
+    to ``VECTOR_LIMIT`` vertices). ``listen`` and ``run_options`` are as in
+    ``connected_components``.
 
     Example::
 
         ranks = pagerank(Graph(vertices, edges), tol=1e-6)
     """
     g = as_graph(graph)
-    edges = g.edges.select("src", "dst").distinct()
-    iteration = (
-        itf.BoundedIteration(pagerank_body(g.vertices.count(), alpha=alpha, tol=tol))
-        .bind("ranks", initial_ranks(g.vertices, edges))
-        .bind("edges", edges)
-        .until(itf.max_rounds(max_rounds))
-    )
+    if method not in ("auto", "arrow", "dataframe"):
+        raise GraphError(f"pagerank(method={method!r}): use 'auto', 'arrow' or 'dataframe'")
+    if not 0.0 < alpha < 1.0:
+        raise GraphError(f"pagerank(alpha={alpha}) must be between 0 and 1")
+    spark = g.vertices.sparkSession
+    if method == "auto":
+        n = g.vertices.count()
+        method = "arrow" if n <= VECTOR_LIMIT else "dataframe"
+    if method == "arrow":
+        ids = g.vertices.select("id").toArrow().column("id").combine_chunks()
+        if len(ids) == 0:
+            raise GraphError("pagerank() needs at least one vertex")
+        teleport = _teleport(ids, personalization)
+        partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 8)
+        start = spark.createDataFrame(
+            _vector_row(teleport if personalization else np.full(len(ids), 1.0 / len(ids)), 0.0),
+            VECTOR_SCHEMA,
+        )
+        iteration = (
+            itf.BoundedIteration(vector_body(ids, teleport, alpha, tol))
+            .bind("ranks", start)
+            .bind("edges", g.edges.select("src", "dst").repartition(partitions, "src"))
+            .until(itf.max_rounds(max_rounds))
+        )
+    else:
+        edges = g.edges.select("src", "dst").distinct()
+        n = g.vertices.count()
+        ranks = initial_ranks(g.vertices, edges)
+        if personalization is not None:
+            ids = g.vertices.select("id").toArrow().column("id").combine_chunks()
+            weights = pa.table({"id": ids, "teleport": _teleport(ids, personalization)})
+            ranks = ranks.join(spark.createDataFrame(weights), "id")
+        iteration = (
+            itf.BoundedIteration(pagerank_body(n, alpha=alpha, tol=tol))
+            .bind("ranks", ranks)
+            .bind("edges", edges)
+            .until(itf.max_rounds(max_rounds))
+        )
     if listen is not None:
         iteration = iteration.listen(listen)
-    ranks = iteration.run(**run_options).outputs["ranks"]
-    return g.vertices.join(ranks.select("id", F.col("rank").alias("pagerank")), "id")
+    final = iteration.run(**run_options).outputs["ranks"]
+    if method == "arrow":
+        vector = final.toArrow().column("rank")[0].values
+        final = spark.createDataFrame(pa.table({"id": ids, "rank": vector}))
+    return graph_result(
+        graph, g.vertices.join(final.select("id", F.col("rank").alias("pagerank")), "id")
+    )
