@@ -40,10 +40,12 @@ def random_graph(spark, seed: int, vertices: int, edges: int):
     return g, reference
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_connected_components_match_networkx(spark, seed):
+@pytest.mark.parametrize(
+    ("seed", "method"), [(1, "arrow"), (2, "arrow"), (3, "dataframe"), (4, "dataframe")]
+)
+def test_connected_components_match_networkx(spark, seed, method):
     g, reference = random_graph(spark, seed, vertices=60, edges=45)
-    rows = connected_components(g, progress=False).collect()
+    rows = connected_components(g, method=method, progress=False).collect()
     expected = {
         v: min(component)
         for component in nx.weakly_connected_components(reference)
@@ -64,7 +66,9 @@ def test_components_of_a_long_path_take_few_rounds_and_ever_fewer_messages(spark
         spark.createDataFrame([(ids[k], ids[k + 1]) for k in range(n - 1)], "src long, dst long"),
     )
     seen = []
-    rows = connected_components(path, listen=lambda end: seen.append(end.progress), progress=False)
+    rows = connected_components(
+        path, method="dataframe", listen=lambda end: seen.append(end.progress), progress=False
+    )
     assert {r["component"] for r in rows.collect()} == {0}
     messages = [p.observed["messages"] for p in seen]
     # Round 0 hooks across every edge; each later round only across the edges still
@@ -79,6 +83,40 @@ def test_components_of_a_long_path_take_few_rounds_and_ever_fewer_messages(spark
     assert len(seen) <= 16
     assert sum(sent) < 0.3 * len(seen) * (n - 1)
     assert seen[-1].observed["active"] == 0 and seen[-1].criteria_empty is True
+
+
+def test_vector_components_join_each_partition_locally_then_all_at_once(spark):
+    n = 2000
+    ids = list(range(n))
+    random.Random(6).shuffle(ids)
+    path = Graph(
+        spark.createDataFrame([(v,) for v in range(n)], "id long"),
+        spark.createDataFrame([(ids[k], ids[k + 1]) for k in range(n - 1)], "src long, dst long"),
+    )
+    seen = []
+    rows = connected_components(
+        path, method="arrow", listen=lambda end: seen.append(end.progress), progress=False
+    )
+    assert {r["component"] for r in rows.collect()} == {0}
+    # Round 0 joins everything its edges connect; round 1 finds no edge across labels.
+    assert [p.metrics["messages"] for p in seen] == [n - 1, 0]
+    assert [p.metrics["active"] for p in seen] == [n - 1, 0]
+
+
+def test_settle_is_union_find():
+    import numpy as np
+
+    from iterflow.graph.components import settle
+
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(0, 500, 300), rng.integers(0, 500, 300)
+    labels = settle(np.arange(500), a, b)
+    reference = nx.Graph()
+    reference.add_nodes_from(range(500))
+    reference.add_edges_from(zip(a.tolist(), b.tolist(), strict=True))
+    assert {v: int(labels[v]) for v in range(500)} == {
+        v: min(c) for c in nx.connected_components(reference) for v in c
+    }
 
 
 def test_graph_shaped_objects_are_accepted_and_missing_columns_named(spark):

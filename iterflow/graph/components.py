@@ -1,6 +1,17 @@
 """Connected components by hooking and pointer jumping over a shrinking edge set.
 
-Every vertex points to a *label* (at first itself). Each round works on the
+Two ways to run it, both on iterflow's public API only:
+
+- ``method="arrow"`` (the default while the label vector fits in memory): the
+  labels are one vector and the edges Arrow files (``RoundContext.columnar``) in
+  vertex positions. Every round one numpy kernel per file takes the edges whose
+  ends have different labels and joins them locally (union-find by hooking and
+  pointer jumping, ``settle``); one task joins the pairs of every file the same
+  way. A round thus merges everything its edges connect, and the next one
+  finds no edge across two labels (``messages`` 0) and ends the iteration.
+- ``method="dataframe"``, described below, for graphs whose labels do not fit.
+
+In the DataFrame method every vertex points to a *label* (at first itself). Each round works on the
 edges between different labels only, the *workset*, as in Flink's delta
 iterations:
 
@@ -22,11 +33,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
 from iterflow.graph.model import as_graph, graph_result
+from iterflow.graph.vectors import (
+    cell_values,
+    choose_method,
+    edge_positions,
+    list_cell,
+    vertex_ids,
+)
 
 
 def undirected_edges(edges: DataFrame) -> DataFrame:
@@ -86,10 +106,112 @@ def hook_and_jump(labels: DataFrame, workset: DataFrame, ctx: Any) -> itf.Declar
     )
 
 
+# -- the Arrow path -----------------------------------------------------------------
+
+#: The variable of the Arrow path: every vertex's label (a vertex position), and
+#: how many labels the round that made it changed.
+LABELS_SCHEMA = "label ARRAY<LONG>, changed LONG"
+JOINS_SCHEMA = "label ARRAY<LONG>, root ARRAY<LONG>"
+
+
+def edge_ends(ids: pa.Array) -> Any:
+    """A ``columnar`` prepare step: the edges' ends as vertex positions, self-loops dropped."""
+
+    def prepare(table: pa.Table) -> pa.Table:
+        src, dst = edge_positions(table, ids)
+        keep = src != dst
+        return pa.table({"u": src[keep], "v": dst[keep]})
+
+    return prepare
+
+
+def settle(labels: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Union-find in numpy: ``labels`` (every label a root, ``labels[labels] == labels``)
+    after joining the labels at both ends of every pair ``(a[i], b[i])``.
+
+    Each pass hooks every root at the end of a pair to the smallest root across
+    its pairs, then jumps pointers until every entry points at a root; the
+    roots stay the smallest member of their set.
+    """
+    labels = labels.copy()
+    while True:
+        la, lb = labels[a], labels[b]
+        across = la != lb
+        if not across.any():
+            return labels
+        a, b = a[across], b[across]
+        np.minimum.at(
+            labels, np.maximum(la[across], lb[across]), np.minimum(la[across], lb[across])
+        )
+        while True:
+            jumped = labels[labels]
+            if np.array_equal(jumped, labels):
+                break
+            labels = jumped
+
+
+def local_joins(table: pa.Table, labels: np.ndarray, messages: Any) -> pa.Table:
+    """Kernel: this partition's edges between different labels, joined locally.
+
+    Returns pairs ``(label, root)``: every label at the end of such an edge and
+    the smallest label it is connected to through this partition's edges.
+    """
+    a, b = labels[table["u"].to_numpy()], labels[table["v"].to_numpy()]
+    across = a != b
+    messages.inc(int(across.sum()))
+    touched, ends = np.unique(np.concatenate([a[across], b[across]]), return_inverse=True)
+    half = int(across.sum())
+    local = settle(np.arange(len(touched)), ends[:half], ends[half:])
+    moved = local != np.arange(len(touched))
+    return pa.table(
+        [list_cell(touched[moved]), list_cell(touched[local[moved]])], names=["label", "root"]
+    )
+
+
+def join_all(labels: np.ndarray, active: Any) -> Any:
+    """Kernel over every partition's pairs: the labels after joining them all."""
+
+    def finish(batches: Any) -> Any:
+        pairs = [
+            (cell_values(batch.column(0), row), cell_values(batch.column(1), row))
+            for batch in batches
+            for row in range(batch.num_rows)
+        ]
+        a = np.concatenate([p[0] for p in pairs]) if pairs else np.zeros(0, dtype=np.int64)
+        b = np.concatenate([p[1] for p in pairs]) if pairs else np.zeros(0, dtype=np.int64)
+        new = settle(labels, a, b)
+        changed = int(np.count_nonzero(new != labels))
+        active.inc(changed)
+        yield from pa.table(
+            [list_cell(new), pa.array([changed])], names=["label", "changed"]
+        ).to_batches()
+
+    return finish
+
+
+def vector_components_body(ids: pa.Array, messages: Any, active: Any) -> itf.IterationBody:
+    prepare = edge_ends(ids)
+
+    @itf.body
+    def components_vector(
+        labels: DataFrame, edges: DataFrame, ctx: itf.RoundContext
+    ) -> itf.Declaration:
+        current = cell_values(labels.toArrow().column("label"))  # the input: materialized
+        found = ctx.columnar(edges, prepare).map(local_joins, JOINS_SCHEMA, current, messages)
+        new_labels = found.coalesce(1).mapInArrow(join_all(current, active), LABELS_SCHEMA)
+        return itf.Declaration(
+            feedback={"labels": new_labels},
+            outputs={"labels": new_labels},
+        )
+
+    return components_vector
+
+
 def connected_components(
     graph: Any,
     *,
     max_rounds: int | None = None,
+    method: str = "auto",
     listen: Any = None,
     **run_options: Any,
 ) -> Any:
@@ -99,8 +221,11 @@ def connected_components(
     ``graph`` is an ``iterflow.graph.Graph`` or any object with ``.vertices`` and
     ``.edges`` (a GraphFrame). ``max_rounds`` bounds the rounds (the labels are
     then those reached so far); ``listen`` takes a listener called after every
-    round, whose ``RoundEnd.progress.observed`` has ``messages`` (the workset
-    edges hooked across) and ``active`` (the vertices whose label changed). Other
+    round. With ``method="dataframe"`` its ``RoundEnd.progress.observed`` has
+    ``messages`` (the workset edges hooked across) and ``active`` (the vertices
+    whose label changed); with ``method="arrow"`` (numpy kernels, the label vector
+    in memory; ``"auto"`` picks it up to ``VECTOR_LIMIT`` vertices) the same two
+    counts are ``progress.metrics["messages"]`` and ``["active"]``. Other
     keyword arguments go to ``BoundedIteration.run`` (``progress``, ``event_log``,
     ``checkpoint_dir``...). Returns a DataFrame, or a GraphFrame when ``graph`` is one.
 
@@ -109,6 +234,9 @@ def connected_components(
         components = connected_components(Graph(vertices, edges))
     """
     g = as_graph(graph)
+    if choose_method("connected_components", method, g) == "arrow":
+        components = _vector_components(g, max_rounds, listen, run_options)
+        return graph_result(graph, g.vertices.join(components, "id"))
     ends = g.edges.where(F.col("src") != F.col("dst"))
     iteration = (
         itf.BoundedIteration(hook_and_jump)
@@ -128,3 +256,35 @@ def connected_components(
     smallest = labels.groupBy("label").agg(F.min("id").alias("component"))
     components = labels.join(smallest, "label").select("id", "component")
     return graph_result(graph, g.vertices.join(components, "id"))
+
+
+def _vector_components(
+    g: Any, max_rounds: int | None, listen: Any, run_options: dict[str, Any]
+) -> DataFrame:
+    spark = g.vertices.sparkSession
+    ids = vertex_ids(g)
+    start = pa.table(
+        [list_cell(np.arange(len(ids), dtype=np.int64)), pa.array([len(ids)])],
+        names=["label", "changed"],
+    )
+    body = vector_components_body(
+        ids, itf.metrics.counter("messages"), itf.metrics.counter("active")
+    )
+    iteration = (
+        itf.BoundedIteration(body)
+        .bind("labels", spark.createDataFrame(start, LABELS_SCHEMA))
+        .bind("edges", g.edges.select("src", "dst"))
+        # The kernel counts the labels it changed: a round that changed none ends it.
+        .until(itf.until(lambda progress: progress.metrics.get("active") == 0))
+    )
+    if max_rounds is not None:
+        iteration = iteration.until(itf.max_rounds(max_rounds))
+    if listen is not None:
+        iteration = iteration.listen(listen)
+    final = iteration.run(**run_options).outputs["labels"]
+    # A root is the first position of its component; components are named by smallest id.
+    roots = cell_values(final.toArrow().column("label"))
+    table = pa.table({"id": ids, "root": roots})
+    named = table.group_by("root").aggregate([("id", "min")]).rename_columns(["root", "component"])
+    labelled = table.join(named, "root").select(["id", "component"])
+    return spark.createDataFrame(labelled)

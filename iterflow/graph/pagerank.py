@@ -29,10 +29,15 @@ from pyspark.sql import functions as F
 
 import iterflow as itf
 from iterflow.graph.model import GraphError, as_graph, graph_result
+from iterflow.graph.vectors import (
+    cell_values,
+    choose_method,
+    edge_positions,
+    list_cell,
+    vertex_ids,
+)
 
 ALPHA = 0.85
-#: Above this many vertices ``method="auto"`` keeps the ranks in DataFrame rows.
-VECTOR_LIMIT = 5_000_000
 
 
 def initial_ranks(vertices: DataFrame, edges: DataFrame) -> DataFrame:
@@ -131,15 +136,9 @@ def edge_indices(ids: pa.Array) -> Callable[[pa.Table], pa.Table]:
     """
 
     def prepare(table: pa.Table) -> pa.Table:
-        src_at, dst_at = (pc.index_in(table[end], value_set=ids) for end in ("src", "dst"))
-        if src_at.null_count or dst_at.null_count:
-            strays = pc.filter(table["src"], pc.is_null(src_at)).to_pylist()[:3]
-            strays += pc.filter(table["dst"], pc.is_null(dst_at)).to_pylist()[:3]
-            raise GraphError(f"edges end at ids that are not vertices, e.g. {strays}")
-        src = src_at.to_numpy(zero_copy_only=False)
-        dst = dst_at.to_numpy(zero_copy_only=False)
+        src, dst = edge_positions(table, ids)
         n = len(ids)
-        pairs = np.unique(src.astype(np.int64) * n + dst.astype(np.int64))  # sorted by source
+        pairs = np.unique(src * n + dst)  # sorted by source
         src, dst = pairs // n, pairs % n
         first = np.ones(len(src), dtype=bool)
         first[1:] = src[1:] != src[:-1]
@@ -158,11 +157,7 @@ def edge_indices(ids: pa.Array) -> Callable[[pa.Table], pa.Table]:
 
 
 def _vector_row(values: np.ndarray, extra: float) -> pa.Table:
-    offsets = pa.array(np.array([0, len(values)], dtype=np.int32))
-    return pa.table(
-        [pa.ListArray.from_arrays(offsets, pa.array(values)), pa.array([float(extra)])],
-        names=["rank", "delta"],
-    )
+    return pa.table([list_cell(values), pa.array([float(extra)])], names=["rank", "delta"])
 
 
 def contributions(table: pa.Table, ranks: np.ndarray) -> pa.Table:
@@ -175,11 +170,7 @@ def contributions(table: pa.Table, ranks: np.ndarray) -> pa.Table:
         minlength=len(ranks),
     )
     held = ranks[src[table["first"].to_numpy(zero_copy_only=False)]].sum()
-    offsets = pa.array(np.array([0, len(spread)], dtype=np.int32))
-    return pa.table(
-        [pa.ListArray.from_arrays(offsets, pa.array(spread)), pa.array([held])],
-        names=["contribution", "held"],
-    )
+    return pa.table([list_cell(spread), pa.array([held])], names=["contribution", "held"])
 
 
 def next_ranks(alpha: float, ranks: np.ndarray, teleport: np.ndarray) -> Callable[[Any], pa.Table]:
@@ -190,7 +181,7 @@ def next_ranks(alpha: float, ranks: np.ndarray, teleport: np.ndarray) -> Callabl
         held = 0.0
         for batch in batches:
             for row in range(batch.num_rows):
-                spread += batch.column(0)[row].values.to_numpy()
+                spread += cell_values(batch.column(0), row)
             held += float(np.sum(batch.column(1).to_numpy()))
         dangling = ranks.sum() - held
         new = alpha * (spread + dangling * teleport) + (1.0 - alpha) * teleport
@@ -209,10 +200,10 @@ def vector_body(
     def pagerank_vector(
         ranks: DataFrame, edges: DataFrame, ctx: itf.RoundContext
     ) -> itf.Declaration:
-        current = ranks.toArrow().column("rank")[0].values.to_numpy()  # the input: materialized
+        current = cell_values(ranks.toArrow().column("rank"))  # the input: materialized
         files = ctx.columnar(edges, prepare)
         partials = files.map(contributions, PARTIAL_SCHEMA, current)
-        new_ranks = partials.repartition(1).mapInArrow(
+        new_ranks = partials.coalesce(1).mapInArrow(
             next_ranks(alpha, current, teleport), VECTOR_SCHEMA
         )
         return itf.Declaration(
@@ -272,16 +263,12 @@ def pagerank(
         ranks = pagerank(Graph(vertices, edges), tol=1e-6)
     """
     g = as_graph(graph)
-    if method not in ("auto", "arrow", "dataframe"):
-        raise GraphError(f"pagerank(method={method!r}): use 'auto', 'arrow' or 'dataframe'")
     if not 0.0 < alpha < 1.0:
         raise GraphError(f"pagerank(alpha={alpha}) must be between 0 and 1")
     spark = g.vertices.sparkSession
-    if method == "auto":
-        n = g.vertices.count()
-        method = "arrow" if n <= VECTOR_LIMIT else "dataframe"
+    method = choose_method("pagerank", method, g)
     if method == "arrow":
-        ids = g.vertices.select("id").toArrow().column("id").combine_chunks()
+        ids = vertex_ids(g)
         if len(ids) == 0:
             raise GraphError("pagerank() needs at least one vertex")
         teleport = _teleport(ids, personalization)
@@ -301,7 +288,7 @@ def pagerank(
         n = g.vertices.count()
         ranks = initial_ranks(g.vertices, edges)
         if personalization is not None:
-            ids = g.vertices.select("id").toArrow().column("id").combine_chunks()
+            ids = vertex_ids(g)
             weights = pa.table({"id": ids, "teleport": _teleport(ids, personalization)})
             ranks = ranks.join(spark.createDataFrame(weights), "id")
         iteration = (
@@ -314,7 +301,7 @@ def pagerank(
         iteration = iteration.listen(listen)
     final = iteration.run(**run_options).outputs["ranks"]
     if method == "arrow":
-        vector = final.toArrow().column("rank")[0].values
+        vector = cell_values(final.toArrow().column("rank"))
         final = spark.createDataFrame(pa.table({"id": ids, "rank": vector}))
     return graph_result(
         graph, g.vertices.join(final.select("id", F.col("rank").alias("pagerank")), "id")

@@ -1,0 +1,56 @@
+"""Helpers of the vector ("arrow") paths: vertex state held as one numpy vector, indexed
+by the position of each vertex id in the vertex id array, and edges as Arrow files
+(``RoundContext.columnar``) in those positions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from iterflow.graph.model import Graph, GraphError
+
+#: Above this many vertices ``method="auto"`` keeps vertex state in DataFrame rows.
+VECTOR_LIMIT = 5_000_000
+METHODS = ("auto", "arrow", "dataframe")
+
+
+def choose_method(function: str, method: str, g: Graph) -> str:
+    """``"arrow"`` or ``"dataframe"``: ``"auto"`` picks by the number of vertices."""
+    if method not in METHODS:
+        raise GraphError(f"{function}(method={method!r}): use 'auto', 'arrow' or 'dataframe'")
+    if method == "auto":
+        return "arrow" if g.vertices.count() <= VECTOR_LIMIT else "dataframe"
+    return method
+
+
+def vertex_ids(g: Graph) -> pa.Array:
+    """Every vertex id, in the order that positions refer to (a collect of one column)."""
+    return g.vertices.select("id").toArrow().column("id").combine_chunks()
+
+
+def edge_positions(table: pa.Table, ids: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """The positions in ``ids`` of the ``src`` and ``dst`` of ``table``'s edges."""
+    src_at, dst_at = (pc.index_in(table[end], value_set=ids) for end in ("src", "dst"))
+    if src_at.null_count or dst_at.null_count:
+        strays = pc.filter(table["src"], pc.is_null(src_at)).to_pylist()[:3]
+        strays += pc.filter(table["dst"], pc.is_null(dst_at)).to_pylist()[:3]
+        raise GraphError(f"edges end at ids that are not vertices, e.g. {strays}")
+    return (
+        src_at.to_numpy(zero_copy_only=False).astype(np.int64),
+        dst_at.to_numpy(zero_copy_only=False).astype(np.int64),
+    )
+
+
+def list_cell(values: Any) -> pa.ListArray:
+    """One list cell holding ``values`` (a whole vector in one row)."""
+    array = pa.array(values)
+    return pa.ListArray.from_arrays(pa.array(np.array([0, len(array)], dtype=np.int32)), array)
+
+
+def cell_values(column: Any, row: int = 0) -> np.ndarray:
+    """The vector in list cell ``row`` of an Arrow list column, as numpy."""
+    return column[row].values.to_numpy()
