@@ -141,13 +141,19 @@ def test_graph_shaped_objects_are_accepted_and_missing_columns_named(spark):
 def test_shortest_paths_to_landmarks_match_networkx(spark, seed):
     g, reference = random_graph(spark, seed, vertices=50, edges=80)
     landmarks = [0, 7, 53]  # 53 is isolated: only itself reaches it
-    rows = shortest_paths(g, landmarks, progress=False).collect()
+    seen = []
+    rows = shortest_paths(
+        g, landmarks, listen=lambda end: seen.append(end.progress), progress=False
+    ).collect()
     backwards = reference.reverse()
     expected = {v: {} for v in reference.nodes}
     for landmark in landmarks:
         for v, d in nx.single_source_shortest_path_length(backwards, landmark).items():
             expected[v][landmark] = d
     assert {r["id"]: dict(r["distances"]) for r in rows} == expected
+    # Round k reaches the pairs at distance k + 1: the frontier of the next round.
+    at = Counter(d for distances in expected.values() for d in distances.values())
+    assert [p.observed["active"] for p in seen] == [at.get(k + 1, 0) for k in range(len(seen))]
 
 
 def majority_rule(graph: nx.Graph, labels: dict) -> dict:
@@ -177,6 +183,8 @@ def test_label_propagation_ends_on_a_fixed_point_and_finds_two_cliques(spark):
     assert labels[0] != labels[11]
     assert seen[-1].criteria_empty is True  # it stopped because nothing changed
     assert seen[0].observed["messages"] == 2 * len(pairs)
+    assert seen[-1].observed["active"] == 0 < seen[0].observed["active"]
+    assert [p.observed["active"] for p in seen] == [p.rows["changed"] for p in seen]
 
 
 @pytest.mark.parametrize("seed", [4, 5])
@@ -204,9 +212,18 @@ def test_pagerank_matches_networkx_with_self_loops_duplicates_and_dangling(
 ):
     g, reference = random_graph(spark, seed, vertices=40, edges=90)
     weights = {1: 2.0, 7: 1.0, 44: 1.0} if personal else None  # 44 is isolated
+    seen = []
     rows = pagerank(
-        g, tol=1e-9, max_rounds=300, method=method, personalization=weights, progress=False
+        g,
+        tol=1e-9,
+        max_rounds=300,
+        method=method,
+        personalization=weights,
+        listen=lambda end: seen.append(end.progress),
+        progress=False,
     ).collect()
+    if method == "arrow":  # every distinct edge carries rank every round
+        assert {p.metrics["messages"] for p in seen} == {reference.number_of_edges()}
     expected = nx.pagerank(reference, alpha=0.85, personalization=weights, tol=1e-14, max_iter=2000)
     got = {r["id"]: r["pagerank"] for r in rows}
     assert got.keys() == expected.keys()

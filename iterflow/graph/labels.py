@@ -32,10 +32,12 @@ def adopt_majority_label(labels: DataFrame, edges: DataFrame, ctx: Any) -> itf.D
     best = votes.groupBy("id").agg(
         F.min(F.struct((-F.col("count")).alias("minus_count"), "label")).alias("best")
     )
-    new_labels = best.select("id", F.col("best.label").alias("label"))
-    changed = new_labels.join(labels, ["id", "label"], "left_anti")
+    new_labels = ctx.cache(best.select("id", F.col("best.label").alias("label")))
+    changed = ctx.observe("active", new_labels.join(labels, ["id", "label"], "left_anti"))
     return itf.Declaration(
-        feedback={"labels": new_labels}, outputs={"labels": new_labels}, until=itf.empty(changed)
+        feedback={"labels": new_labels},
+        outputs={"labels": new_labels, "changed": changed},
+        until=itf.empty(changed),
     )
 
 
@@ -44,7 +46,9 @@ def label_propagation(
 ) -> Any:
     """The vertices of ``graph`` with a ``label`` column: their community.
 
-    ``listen`` and ``run_options`` are as in ``connected_components``.
+    Each round's ``RoundProgress.observed`` has ``messages`` (labels heard) and
+    ``active`` (vertices whose label changed). ``listen`` and ``run_options`` are
+    as in ``connected_components``.
 
     Example::
 

@@ -160,10 +160,11 @@ def _vector_row(values: np.ndarray, extra: float) -> pa.Table:
     return pa.table([list_cell(values), pa.array([float(extra)])], names=["rank", "delta"])
 
 
-def contributions(table: pa.Table, ranks: np.ndarray) -> pa.Table:
+def contributions(table: pa.Table, ranks: np.ndarray, messages: Any) -> pa.Table:
     """Kernel: the rank that one partition's edges carry to every vertex, and the rank
     its sources hold (the rest is the dangling vertices')."""
     src = table["src"].to_numpy()
+    messages.inc(len(src))
     spread = np.bincount(
         table["dst"].to_numpy(),
         weights=ranks[src] * table["share"].to_numpy(),
@@ -193,8 +194,12 @@ def next_ranks(alpha: float, ranks: np.ndarray, teleport: np.ndarray) -> Callabl
 def vector_body(
     ids: pa.Array, teleport: np.ndarray, alpha: float, tol: float | None
 ) -> itf.IterationBody:
-    """PageRank on the rank vector, with the edges as Arrow files read in place."""
+    """PageRank on the rank vector, with the edges as Arrow files read in place.
+
+    Every round, ``RoundProgress.metrics["messages"]`` counts the edges that carried rank.
+    """
     prepare = edge_indices(ids)
+    messages = itf.metrics.counter("messages")
 
     @itf.body
     def pagerank_vector(
@@ -202,7 +207,7 @@ def vector_body(
     ) -> itf.Declaration:
         current = cell_values(ranks.toArrow().column("rank"))  # the input: materialized
         files = ctx.columnar(edges, prepare)
-        partials = files.map(contributions, PARTIAL_SCHEMA, current)
+        partials = files.map(contributions, PARTIAL_SCHEMA, current, messages)
         new_ranks = partials.coalesce(1).mapInArrow(
             next_ranks(alpha, current, teleport), VECTOR_SCHEMA
         )

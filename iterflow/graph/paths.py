@@ -34,10 +34,11 @@ def settle_next_ring(
             (frontier["distance"] + 1).alias("distance"),
         ),
     )
-    ring = (
+    ring = ctx.observe(
+        "active",
         messages.groupBy("id", "landmark")
         .agg(F.min("distance").alias("distance"))
-        .join(reached, ["id", "landmark"], "left_anti")
+        .join(reached, ["id", "landmark"], "left_anti"),
     )
     settled = reached.unionByName(ring)
     return itf.Declaration(
@@ -53,7 +54,10 @@ def shortest_paths(
     """The vertices of ``graph`` with ``distances``: a map from each landmark that the vertex
     can reach along the edges to the number of edges on the shortest path (empty when none).
 
-    ``listen`` and ``run_options`` are as in ``connected_components``.
+    Each round's ``RoundProgress.observed`` has ``messages`` (distances sent by the
+    frontier) and ``active`` (the (vertex, landmark) pairs reached for the first
+    time: the next frontier). ``listen`` and ``run_options`` are as in
+    ``connected_components``.
 
     Example::
 
