@@ -18,7 +18,7 @@ from pyspark.sql.types import StructField, StructType
 
 import iterflow as itf
 from iterflow.graph.model import GraphError, as_graph, graph_result
-from iterflow.graph.pregel import Pregel, run_pregel
+from iterflow.graph.pregel import Pregel, PregelProgram
 
 
 @itf.body
@@ -125,8 +125,7 @@ def weighted_shortest_paths(
         raise GraphError(f"weighted_shortest_paths(source={source!r}): no vertex has that id")
     # A shortest path has fewer than n edges: one more round means a negative cycle.
     bound = g.vertices.count() + 1
-    result = run_pregel(
-        g,
+    program = PregelProgram(
         init={
             "distance": F.when(F.col("id") == F.lit(source), F.lit(0.0)).otherwise(
                 F.lit(None).cast("double")
@@ -135,10 +134,8 @@ def weighted_shortest_paths(
         update={"distance": F.least(F.col("distance"), Pregel.msg())},
         send_to_dst=Pregel.src("distance") + Pregel.edge(weight).cast("double"),
         aggregate=F.min,
-        max_rounds=bound,
-        listen=listen,
-        **run_options,
     )
+    result = program.run(g, max_rounds=bound, listen=listen, **run_options)
     if result.termination.reason == "max_rounds":
         raise GraphError(
             f"weighted_shortest_paths: distances still shrink after {bound} rounds, so a "

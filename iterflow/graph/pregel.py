@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -203,18 +204,15 @@ def pregel(
                send_to_dst=Pregel.src("dist") + Pregel.edge("weight"),
                aggregate=F.min)
     """
-    result = run_pregel(
-        as_graph(graph),
+    program = PregelProgram(
         init=init,
         update=update,
         send_to_dst=send_to_dst,
         send_to_src=send_to_src,
         aggregate=aggregate,
         active=active,
-        max_rounds=max_rounds,
-        listen=listen,
-        **run_options,
     )
+    result = program.run(as_graph(graph), max_rounds=max_rounds, listen=listen, **run_options)
     return graph_result(graph, result.outputs["vertices"])
 
 
@@ -224,55 +222,64 @@ def _sent_nothing(progress: itf.RoundProgress) -> bool:
     return not progress.observed.get("messages")
 
 
-def run_pregel(
-    g: Graph,
-    *,
-    init: Mapping[str, Column],
-    update: Mapping[str, Column],
-    send_to_dst: Column | None = None,
-    send_to_src: Column | None = None,
-    aggregate: Callable[[Column], Column] = F.sum,
-    active: Column | None = None,
-    max_rounds: int | None = None,
-    listen: Any = None,
-    **run_options: Any,
-) -> itf.IterationResult:
-    """``pregel`` on a ``Graph``, returning the ``IterationResult`` (output ``vertices``)."""
-    if send_to_dst is None and send_to_src is None:
-        raise GraphError("pregel() needs a message: send_to_dst=..., send_to_src=... or both")
-    if not init:
-        raise GraphError("pregel(init=...) needs at least one state column")
-    unknown = sorted(set(update) - set(init))
-    if unknown:
-        raise GraphError(
-            f"pregel(update=...) names {unknown}, which are not state columns; "
-            f"the state columns (init=...) are {sorted(init)}"
+@attrs.frozen(kw_only=True)
+class PregelProgram:
+    """A vertex program: the arguments of ``pregel`` that describe it, checked."""
+
+    init: Mapping[str, Column]
+    update: Mapping[str, Column]
+    send_to_dst: Column | None = None
+    send_to_src: Column | None = None
+    aggregate: Callable[[Column], Column] = F.sum
+    active: Column | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.send_to_dst is None and self.send_to_src is None:
+            raise GraphError("pregel() needs a message: send_to_dst=..., send_to_src=... or both")
+        if not self.init:
+            raise GraphError("pregel(init=...) needs at least one state column")
+        unknown = sorted(set(self.update) - set(self.init))
+        if unknown:
+            raise GraphError(
+                f"pregel(update=...) names {unknown}, which are not state columns; "
+                f"the state columns (init=...) are {sorted(self.init)}"
+            )
+
+    def run(
+        self, g: Graph, *, max_rounds: int | None = None, listen: Any = None, **run_options: Any
+    ) -> itf.IterationResult:
+        """Run on ``g``; the ``IterationResult`` has the output ``vertices``."""
+        return self._iteration(g, max_rounds, listen).run(**run_options)
+
+    def _iteration(self, g: Graph, max_rounds: int | None, listen: Any) -> itf.BoundedIteration:
+        init, send_to_dst, send_to_src = self.init, self.send_to_dst, self.send_to_src
+        clash = sorted(set(init) & (set(g.vertices.columns) - {"id"}))
+        if "id" in init or clash:
+            raise GraphError(
+                f"pregel(init=...) would overwrite the vertex column(s) {clash or ['id']}; "
+                "pick new names for the state columns"
+            )
+        vertices = g.vertices.select("*", *(expr.alias(name) for name, expr in init.items()))
+        partitions = int(g.vertices.sparkSession.conf.get("spark.sql.shuffle.partitions") or 8)
+        edges = g.edges
+        iteration = (
+            itf.BoundedIteration(
+                pregel_body(self.update, send_to_dst, send_to_src, self.aggregate, self.active)
+            )
+            .bind("vertices", vertices)
+            .bind("active_vertices", vertices)
+            .bind(
+                "out_edges",
+                edges.repartition(partitions, "src") if send_to_dst is not None else edges.limit(0),
+            )
+            .bind(
+                "in_edges",
+                edges.repartition(partitions, "dst") if send_to_src is not None else edges.limit(0),
+            )
+            .until(itf.until(_sent_nothing))
         )
-    clash = sorted(set(init) & (set(g.vertices.columns) - {"id"}))
-    if "id" in init or clash:
-        raise GraphError(
-            f"pregel(init=...) would overwrite the vertex column(s) {clash or ['id']}; "
-            "pick new names for the state columns"
-        )
-    vertices = g.vertices.select("*", *(expr.alias(name) for name, expr in init.items()))
-    partitions = int(g.vertices.sparkSession.conf.get("spark.sql.shuffle.partitions") or 8)
-    edges = g.edges
-    iteration = (
-        itf.BoundedIteration(pregel_body(update, send_to_dst, send_to_src, aggregate, active))
-        .bind("vertices", vertices)
-        .bind("active_vertices", vertices)
-        .bind(
-            "out_edges",
-            edges.repartition(partitions, "src") if send_to_dst is not None else edges.limit(0),
-        )
-        .bind(
-            "in_edges",
-            edges.repartition(partitions, "dst") if send_to_src is not None else edges.limit(0),
-        )
-        .until(itf.until(_sent_nothing))
-    )
-    if max_rounds is not None:
-        iteration = iteration.until(itf.max_rounds(max_rounds))
-    if listen is not None:
-        iteration = iteration.listen(listen)
-    return iteration.run(**run_options)
+        if max_rounds is not None:
+            iteration = iteration.until(itf.max_rounds(max_rounds))
+        if listen is not None:
+            iteration = iteration.listen(listen)
+        return iteration
