@@ -112,8 +112,12 @@ def _arrow_type(data_type: Any) -> pa.DataType:
 
 
 def plan_key(df: DataFrame) -> int:
-    """Equal for DataFrames with the same (canonicalized) plan, built separately or not."""
-    return int(df._jdf.queryExecution().analyzed().semanticHash())
+    """Equal for DataFrames with the same (canonicalized) plan, built separately or not;
+    where the plan cannot be reached (a Spark Connect DataFrame), the object's identity."""
+    try:
+        return int(df._jdf.queryExecution().analyzed().semanticHash())
+    except AttributeError:
+        return id(df)
 
 
 class ColumnarData:
