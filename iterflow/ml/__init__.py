@@ -1,0 +1,8 @@
+"""Iterative ML algorithms on iterflow, written only against its public API.
+
+Each is a short iteration body that users can read as a model for their own.
+"""
+
+from iterflow.ml.kmeans import KMeansModel, MLError, kmeans
+
+__all__ = ["KMeansModel", "MLError", "kmeans"]

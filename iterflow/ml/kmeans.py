@@ -1,0 +1,259 @@
+"""k-means (Lloyd's algorithm) as an iterflow body.
+
+The variable is the model, one row: the k centroids (flattened), the cost of the
+round that made them and how far the farthest centroid moved. The points are a
+data input written once as Arrow files (``RoundContext.columnar``), as a
+``(n, d)`` float64 matrix per partition, so they cross from the JVM to Python
+once per run. Every round one numpy kernel per file assigns its points to the
+nearest centroid and adds them up per cluster; one task sums the partials and
+moves every centroid to the mean of its points (a centroid without points stays
+where it is, as in Spark MLlib).
+
+It stops after ``max_rounds`` rounds, or when no centroid moved more than
+``tol`` (termination ``converged``). The cost of each round (the sum of squared
+distances of the points to the centroids they were assigned to) is the gauge
+``loss`` in ``RoundProgress.metrics``, so ``iterflow plot`` draws it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, IntegerType, NumericType, StructField, StructType
+
+import iterflow as itf
+
+MODEL_SCHEMA = "centroids ARRAY<DOUBLE>, cost DOUBLE, shift DOUBLE"
+PARTIAL_SCHEMA = "sums ARRAY<DOUBLE>, counts ARRAY<LONG>, cost DOUBLE"
+
+
+class MLError(itf.IterflowError, ValueError):
+    """Bad input to an ``iterflow.ml`` algorithm: a column, a shape, a parameter."""
+
+
+def _cell(values: np.ndarray) -> pa.ListArray:
+    array = pa.array(values)
+    return pa.ListArray.from_arrays(pa.array(np.array([0, len(array)], dtype=np.int32)), array)
+
+
+def feature_matrix(features: Sequence[str] | str, dims: int) -> Callable[[pa.Table], pa.Table]:
+    """A ``columnar`` prepare step: the features as one flat float64 column ``x`` (row-major)."""
+
+    def prepare(table: pa.Table) -> pa.Table:
+        if isinstance(features, str):
+            column = table[features].combine_chunks()
+            if column.null_count:
+                raise MLError(f"column '{features}' has null feature vectors")
+            flat = column.flatten().to_numpy(zero_copy_only=False).astype(np.float64)
+            if len(flat) != len(column) * dims:
+                raise MLError(f"feature vectors in '{features}' must all have {dims} values")
+        else:
+            flat = np.column_stack(
+                [table[c].to_numpy(zero_copy_only=False).astype(np.float64) for c in features]
+            ).ravel()
+        if not np.isfinite(flat).all():
+            raise MLError("features must be finite numbers (found NaN, infinity or null)")
+        return pa.table({"x": flat})
+
+    return prepare
+
+
+def nearest(points: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Index of the nearest centroid of every point (the first on a tie), and the squared
+    distance to it."""
+    # |x - c|^2 = |x|^2 - 2 x.c + |c|^2
+    squared = (
+        (points**2).sum(axis=1)[:, None] - 2.0 * points @ centroids.T + (centroids**2).sum(axis=1)
+    )
+    chosen = np.argmin(squared, axis=1)
+    return chosen, np.maximum(squared[np.arange(len(points)), chosen], 0.0)
+
+
+def partial_sums(table: pa.Table, centroids: np.ndarray) -> pa.Table:
+    """Kernel: per cluster, the sum and the number of this partition's nearest points."""
+    k, dims = centroids.shape
+    points = table["x"].to_numpy().reshape(-1, dims)
+    chosen, distance = nearest(points, centroids)
+    sums = np.zeros((k, dims))
+    np.add.at(sums, chosen, points)
+    counts = np.bincount(chosen, minlength=k)
+    return pa.table(
+        [_cell(sums.ravel()), _cell(counts.astype(np.int64)), pa.array([float(distance.sum())])],
+        names=["sums", "counts", "cost"],
+    )
+
+
+def lloyd_step(centroids: np.ndarray, loss: Any) -> Callable[[Iterator[pa.RecordBatch]], Any]:
+    """Kernel over all partials: every centroid moves to the mean of its points."""
+    k, dims = centroids.shape
+
+    def finish(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        sums, counts, cost = np.zeros((k, dims)), np.zeros(k), 0.0
+        for batch in batches:
+            for row in range(batch.num_rows):
+                sums += batch.column(0)[row].values.to_numpy().reshape(k, dims)
+                counts += batch.column(1)[row].values.to_numpy()
+            cost += float(np.sum(batch.column(2).to_numpy()))
+        moved = np.where(counts[:, None] > 0, sums / np.maximum(counts, 1)[:, None], centroids)
+        shift = float(np.sqrt(((moved - centroids) ** 2).sum(axis=1)).max())
+        loss.set(cost)
+        yield from pa.table(
+            [_cell(moved.ravel()), pa.array([cost]), pa.array([shift])],
+            names=["centroids", "cost", "shift"],
+        ).to_batches()
+
+    return finish
+
+
+def kmeans_body(k: int, dims: int, features: Sequence[str] | str, tol: float | None) -> Any:
+    """The k-means body: ``model`` (variable, one row) and ``points`` (data)."""
+    prepare = feature_matrix(features, dims)
+    loss = itf.metrics.gauge("loss")
+
+    @itf.body
+    def kmeans_step(model: DataFrame, points: DataFrame, ctx: itf.RoundContext) -> itf.Declaration:
+        centroids = model_centroids(model, dims)  # the input is materialized: a small read
+        partials = ctx.columnar(points, prepare).map(partial_sums, PARTIAL_SCHEMA, centroids)
+        new_model = partials.coalesce(1).mapInArrow(lloyd_step(centroids, loss), MODEL_SCHEMA)
+        return itf.Declaration(
+            feedback={"model": new_model},
+            outputs={"model": new_model},
+            until=itf.converged(new_model.select("shift"), tol) if tol is not None else None,
+        )
+
+    return kmeans_step
+
+
+def model_centroids(model: DataFrame, dims: int) -> np.ndarray:
+    """The centroids in a one-row model DataFrame, as a ``(k, dims)`` array."""
+    return model.toArrow().column("centroids")[0].values.to_numpy().reshape(-1, dims)
+
+
+@attrs.frozen
+class KMeansModel:
+    """A fitted k-means model: ``centroids`` (k, d), and the run that made it."""
+
+    centroids: np.ndarray
+    features: Sequence[str] | str
+    result: itf.IterationResult = attrs.field(repr=False)
+
+    @property
+    def rounds(self) -> int:
+        return self.result.rounds
+
+    @property
+    def termination(self) -> itf.Termination:
+        return self.result.termination
+
+    @property
+    def history(self) -> list[itf.RoundProgress]:
+        return self.result.history
+
+    def predict(self, df: DataFrame, output: str = "prediction") -> DataFrame:
+        """``df`` with ``output``: the index of the nearest centroid of each row."""
+        centroids = self.centroids
+        features = self.features
+        dims = centroids.shape[1]
+        prepare = feature_matrix(features, dims)
+        schema = StructType([*df.schema.fields, StructField(output, IntegerType())])
+
+        def assign(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                table = pa.Table.from_batches([batch])
+                points = prepare(table)["x"].to_numpy().reshape(-1, dims)
+                chosen = nearest(points, centroids)[0].astype(np.int32)
+                yield pa.RecordBatch.from_arrays(
+                    [*batch.columns, pa.array(chosen)], names=[*batch.schema.names, output]
+                )
+
+        return df.mapInArrow(assign, schema)
+
+    transform = predict
+
+
+def _dims(df: DataFrame, features: Sequence[str] | str) -> int:
+    if isinstance(features, str):
+        if features not in df.columns:
+            raise MLError(f"no feature column '{features}'; the columns are {df.columns}")
+        field = df.schema[features].dataType
+        if not (isinstance(field, ArrayType) and isinstance(field.elementType, NumericType)):
+            raise MLError(
+                f"feature column '{features}' must be an array of numbers, got "
+                f"{field.simpleString()}; or pass features=[...] numeric column names"
+            )
+        first = df.select(F.size(features).alias("d")).where("d >= 0").first()
+        if first is None:
+            raise MLError("kmeans() needs at least one point")
+        return int(first["d"])
+    missing = [c for c in features if c not in df.columns]
+    if missing:
+        raise MLError(f"no feature column(s) {missing}; the columns are {df.columns}")
+    return len(features)
+
+
+def kmeans(
+    df: DataFrame,
+    k: int,
+    *,
+    features: Sequence[str] | str = "features",
+    max_rounds: int = 20,
+    tol: float | None = 1e-4,
+    init: Any = "random",
+    seed: int = 0,
+    listen: Any = None,
+    **run_options: Any,
+) -> KMeansModel:
+    """Fit k-means with Lloyd's algorithm.
+
+    ``features`` is an array column or a list of numeric columns. ``init`` is
+    ``"random"`` (k points drawn with ``seed``, deterministic for a given input)
+    or the initial centroids (a ``(k, d)`` array-like). Stops after
+    ``max_rounds`` rounds or when no centroid moves more than ``tol``
+    (``tol=None``: always ``max_rounds``). ``listen`` and ``run_options`` go to
+    the iteration (``progress``, ``event_log``, ``checkpoint_dir``...).
+
+    Example::
+
+        model = kmeans(points, k=3, features="features", max_rounds=50, seed=1)
+        model.centroids, model.termination.reason
+        model.predict(points).groupBy("prediction").count()
+    """
+    if not isinstance(k, int) or k < 1:
+        raise MLError(f"kmeans(k={k!r}) needs a positive int")
+    dims = _dims(df, features)
+    if isinstance(init, str):
+        if init != "random":
+            raise MLError(f"kmeans(init={init!r}): use 'random' or the initial centroids")
+        columns = [features] if isinstance(features, str) else list(features)
+        drawn = df.select(*columns).rdd.takeSample(False, k, seed)
+        if not drawn:
+            raise MLError("kmeans() needs at least one point")
+        rows = [r[0] if isinstance(features, str) else list(r) for r in drawn]
+        start = np.array(rows, dtype=np.float64).reshape(-1, dims)
+    else:
+        start = np.asarray(init, dtype=np.float64)
+        if start.shape != (k, dims):
+            raise MLError(f"kmeans(init=...) must have shape ({k}, {dims}), got {start.shape}")
+    model = df.sparkSession.createDataFrame(
+        pa.table(
+            [_cell(start.ravel()), pa.array([float("nan")]), pa.array([float("inf")])],
+            names=["centroids", "cost", "shift"],
+        ),
+        MODEL_SCHEMA,
+    )
+    iteration = (
+        itf.BoundedIteration(kmeans_body(len(start), dims, features, tol))
+        .bind("model", model)
+        .bind("points", df)
+        .until(itf.max_rounds(max_rounds))
+    )
+    if listen is not None:
+        iteration = iteration.listen(listen)
+    result = iteration.run(**run_options)
+    return KMeansModel(model_centroids(result.outputs["model"], dims), features, result)
