@@ -4,5 +4,13 @@ Each is a short iteration body that users can read as a model for their own.
 """
 
 from iterflow.ml.kmeans import KMeansModel, MLError, kmeans
+from iterflow.ml.regression import RegressionModel, linear_regression, logistic_regression
 
-__all__ = ["KMeansModel", "MLError", "kmeans"]
+__all__ = [
+    "KMeansModel",
+    "MLError",
+    "RegressionModel",
+    "kmeans",
+    "linear_regression",
+    "logistic_regression",
+]

@@ -37,7 +37,8 @@ class MLError(itf.IterflowError, ValueError):
     """Bad input to an ``iterflow.ml`` algorithm: a column, a shape, a parameter."""
 
 
-def _cell(values: np.ndarray) -> pa.ListArray:
+def cell(values: np.ndarray) -> pa.ListArray:
+    """One list cell holding ``values`` (a whole vector in one row)."""
     array = pa.array(values)
     return pa.ListArray.from_arrays(pa.array(np.array([0, len(array)], dtype=np.int32)), array)
 
@@ -84,7 +85,7 @@ def partial_sums(table: pa.Table, centroids: np.ndarray) -> pa.Table:
     np.add.at(sums, chosen, points)
     counts = np.bincount(chosen, minlength=k)
     return pa.table(
-        [_cell(sums.ravel()), _cell(counts.astype(np.int64)), pa.array([float(distance.sum())])],
+        [cell(sums.ravel()), cell(counts.astype(np.int64)), pa.array([float(distance.sum())])],
         names=["sums", "counts", "cost"],
     )
 
@@ -104,7 +105,7 @@ def lloyd_step(centroids: np.ndarray, loss: Any) -> Callable[[Iterator[pa.Record
         shift = float(np.sqrt(((moved - centroids) ** 2).sum(axis=1)).max())
         loss.set(cost)
         yield from pa.table(
-            [_cell(moved.ravel()), pa.array([cost]), pa.array([shift])],
+            [cell(moved.ravel()), pa.array([cost]), pa.array([shift])],
             names=["centroids", "cost", "shift"],
         ).to_batches()
 
@@ -242,7 +243,7 @@ def kmeans(
             raise MLError(f"kmeans(init=...) must have shape ({k}, {dims}), got {start.shape}")
     model = df.sparkSession.createDataFrame(
         pa.table(
-            [_cell(start.ravel()), pa.array([float("nan")]), pa.array([float("inf")])],
+            [cell(start.ravel()), pa.array([float("nan")]), pa.array([float("inf")])],
             names=["centroids", "cost", "shift"],
         ),
         MODEL_SCHEMA,

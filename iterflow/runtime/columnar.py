@@ -158,19 +158,25 @@ class ColumnarData:
     def partitions(self) -> int:
         return len(self.locations)
 
-    def map(self, kernel: Kernel, schema: StructType | str, *args: Any) -> DataFrame:
+    def map(
+        self, kernel: Kernel, schema: StructType | str, *args: Any, indexed: bool = False
+    ) -> DataFrame:
         """A DataFrame of ``kernel(table, *args)`` over every file (one task each).
 
         ``kernel`` gets one partition as a ``pyarrow.Table`` and returns a table,
         a record batch or an iterable of record batches matching ``schema``.
-        ``args`` travel with the task (Spark broadcasts large ones).
+        ``args`` travel with the task (Spark broadcasts large ones). With
+        ``indexed=True`` it is called as ``kernel(index, table, *args)``, ``index``
+        being the file's number (e.g. to seed a per-partition sample).
         """
         locations = self.locations
 
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for batch in batches:
                 for index in batch.column(0).to_pylist():
-                    yield from _batches(kernel(_open(locations[index]), *args))
+                    table = _open(locations[index])
+                    result = kernel(index, table, *args) if indexed else kernel(table, *args)
+                    yield from _batches(result)
 
         count = max(len(locations), 1)
         indices = self.spark.range(0, len(locations), 1, count)

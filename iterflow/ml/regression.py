@@ -1,0 +1,349 @@
+"""Linear and logistic regression by gradient descent, as iterflow bodies.
+
+The variable is the model, one row: the coefficients (the intercept last), the
+loss at the coefficients the round started from, and how far the round moved
+them (L2 norm). The rows are a data input written once as Arrow files
+(``RoundContext.columnar``): features as a float64 matrix, label and weight.
+Every round one numpy kernel per file adds up its rows' loss and gradient
+(all rows, or a seeded sample of ``batch_fraction`` of them: mini-batch); one
+task sums the partials and takes the step::
+
+    w' = w - learning_rate * (gradient / total weight + reg * w)   (no penalty on the intercept)
+
+Losses, with weights ``v`` (row weight times class weight) and ``V = sum v``:
+
+- linear: ``sum v (x.w + b - y)^2 / (2 V) + reg/2 |w|^2``
+- logistic (labels 0/1): ``sum v log(1 + exp(-(2y-1)(x.w + b))) / V + reg/2 |w|^2``
+
+It stops after ``max_rounds``, when the coefficients move at most ``tol``, or
+(Flink ML's TerminateOnMaxIterOrTol) when the loss is at most ``loss_tol``:
+termination ``converged``. A loss or step that becomes NaN or infinite raises
+``itf.DivergenceError`` naming the round. The loss of each round is the gauge
+``loss`` in ``RoundProgress.metrics``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+import iterflow as itf
+from iterflow.ml.kmeans import MLError, cell
+
+MODEL_SCHEMA = "coefficients ARRAY<DOUBLE>, loss DOUBLE, change DOUBLE"
+PARTIAL_SCHEMA = "gradient ARRAY<DOUBLE>, loss DOUBLE, weight DOUBLE"
+
+
+def design(
+    features: Sequence[str],
+    label: str,
+    weight: str | None,
+    class_weight: Mapping[Any, float] | None,
+) -> Callable[[pa.Table], pa.Table]:
+    """A ``columnar`` prepare step: ``x`` (each row's features), ``y`` and ``v`` (weights)."""
+
+    def prepare(table: pa.Table) -> pa.Table:
+        x = np.column_stack(
+            [table[c].to_numpy(zero_copy_only=False).astype(np.float64) for c in features]
+        )
+        y = table[label].to_numpy(zero_copy_only=False).astype(np.float64)
+        v = (
+            np.ones(len(y))
+            if weight is None
+            else table[weight].to_numpy(zero_copy_only=False).astype(np.float64)
+        )
+        if class_weight is not None:
+            v = v * np.array([class_weight.get(c, 1.0) for c in y.tolist()], dtype=np.float64)
+        if not (np.isfinite(x).all() and np.isfinite(y).all() and np.isfinite(v).all()):
+            raise MLError("features, labels and weights must be finite numbers (no null or NaN)")
+        if (v < 0).any():
+            raise MLError("row weights must not be negative")
+        rows = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), len(features))
+        return pa.table({"x": rows, "y": y, "v": v})
+
+    return prepare
+
+
+def _scores(table: pa.Table, coefficients: np.ndarray) -> tuple[np.ndarray, ...]:
+    dims = len(coefficients) - 1
+    x = table["x"].combine_chunks().flatten().to_numpy().reshape(-1, dims)
+    return x, table["y"].to_numpy(), table["v"].to_numpy(), x @ coefficients[:-1] + coefficients[-1]
+
+
+def _sample(index: int, table: pa.Table, fraction: float, seed: int, epoch: int) -> pa.Table:
+    if fraction >= 1.0:
+        return table
+    keep = np.random.default_rng([seed, epoch, index]).random(table.num_rows) < fraction
+    return table.filter(pa.array(keep))
+
+
+def gradient_kernel(kind: str) -> Callable[..., pa.Table]:
+    """Kernel: one partition's summed gradient (intercept last), loss and weight."""
+
+    def kernel(
+        index: int,
+        table: pa.Table,
+        coefficients: np.ndarray,
+        fraction: float,
+        seed: int,
+        epoch: int,
+    ) -> pa.Table:
+        x, y, v, z = _scores(_sample(index, table, fraction, seed, epoch), coefficients)
+        if kind == "linear":
+            residual = z - y
+            loss = 0.5 * float(np.sum(v * residual**2))
+            slope = v * residual
+        else:
+            sign = 2.0 * y - 1.0
+            loss = float(np.sum(v * np.logaddexp(0.0, -sign * z)))
+            slope = v * (1.0 / (1.0 + np.exp(-z)) - y)
+        gradient = np.append(x.T @ slope, slope.sum())
+        return pa.table(
+            [cell(gradient), pa.array([loss]), pa.array([float(v.sum())])],
+            names=["gradient", "loss", "weight"],
+        )
+
+    return kernel
+
+
+def descent_step(
+    coefficients: np.ndarray, learning_rate: float, reg: float, loss_gauge: Any
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """Kernel over all partials: one gradient step."""
+
+    def finish(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        gradient, loss, weight = np.zeros(len(coefficients)), 0.0, 0.0
+        for batch in batches:
+            for row in range(batch.num_rows):
+                gradient += batch.column(0)[row].values.to_numpy()
+            loss += float(np.sum(batch.column(1).to_numpy()))
+            weight += float(np.sum(batch.column(2).to_numpy()))
+        penalty = np.append(coefficients[:-1], 0.0)  # no penalty on the intercept
+        total = max(weight, 1e-300)
+        loss = loss / total + 0.5 * reg * float(penalty @ penalty)
+        step = learning_rate * (gradient / total + reg * penalty)
+        loss_gauge.set(loss)
+        yield from pa.table(
+            [cell(coefficients - step), pa.array([loss]), pa.array([float(np.linalg.norm(step))])],
+            names=["coefficients", "loss", "change"],
+        ).to_batches()
+
+    return finish
+
+
+def coefficients_of(model: DataFrame) -> np.ndarray:
+    """The coefficients (intercept last) in a one-row model DataFrame."""
+    return model.toArrow().column("coefficients")[0].values.to_numpy()
+
+
+def regression_body(
+    kind: str,
+    prepare: Callable[[pa.Table], pa.Table],
+    learning_rate: float,
+    reg: float,
+    fraction: float,
+    seed: int,
+    tol: float | None,
+    loss_tol: float | None,
+) -> itf.IterationBody:
+    """The gradient-descent body: ``model`` (variable, one row) and ``rows`` (data)."""
+    kernel = gradient_kernel(kind)
+    loss_gauge = itf.metrics.gauge("loss")
+
+    @itf.body
+    def gradient_descent(
+        model: DataFrame, rows: DataFrame, ctx: itf.RoundContext
+    ) -> itf.Declaration:
+        current = coefficients_of(model)  # the input is materialized: a small read
+        partials = ctx.columnar(rows, prepare).map(
+            kernel, PARTIAL_SCHEMA, current, fraction, seed, ctx.epoch, indexed=True
+        )
+        new_model = partials.coalesce(1).mapInArrow(
+            descent_step(current, learning_rate, reg, loss_gauge), MODEL_SCHEMA
+        )
+        # tol=None still checks the step: a NaN or infinite step is a DivergenceError.
+        stop: itf.Condition = itf.converged(
+            new_model.select("change"), tol if tol is not None else 0.0
+        )
+        if loss_tol is not None:
+            stop = stop | itf.converged(new_model.select("loss"), loss_tol)
+        return itf.Declaration(
+            feedback={"model": new_model}, outputs={"model": new_model}, until=stop
+        )
+
+    return gradient_descent
+
+
+@attrs.frozen
+class RegressionModel:
+    """A fitted model: ``coefficients`` (d,), ``intercept``, and the run that made it."""
+
+    kind: str
+    coefficients: np.ndarray
+    intercept: float
+    features: Sequence[str]
+    result: itf.IterationResult = attrs.field(repr=False)
+
+    @property
+    def rounds(self) -> int:
+        return self.result.rounds
+
+    @property
+    def termination(self) -> itf.Termination:
+        return self.result.termination
+
+    @property
+    def history(self) -> list[itf.RoundProgress]:
+        return self.result.history
+
+    def predict(self, df: DataFrame, output: str = "prediction") -> DataFrame:
+        """``df`` with ``output``: the fitted value (linear) or the probability of label 1
+        (logistic)."""
+        score = F.lit(self.intercept)
+        for name, value in zip(self.features, self.coefficients.tolist(), strict=True):
+            score = score + F.col(name).cast("double") * F.lit(value)
+        value = score if self.kind == "linear" else 1.0 / (1.0 + F.exp(-score))
+        return df.withColumn(output, value)
+
+    transform = predict
+
+
+def _fit(
+    kind: str,
+    df: DataFrame,
+    features: Sequence[str] | str,
+    label: str,
+    weight: str | None,
+    class_weight: Mapping[Any, float] | None,
+    learning_rate: float,
+    reg: float,
+    max_rounds: int,
+    tol: float | None,
+    loss_tol: float | None,
+    batch_fraction: float,
+    seed: int,
+    listen: Any,
+    run_options: dict[str, Any],
+) -> RegressionModel:
+    names = [features] if isinstance(features, str) else list(features)
+    missing = [c for c in [*names, label, *([weight] if weight else [])] if c not in df.columns]
+    if missing:
+        raise MLError(f"no column(s) {missing}; the columns are {df.columns}")
+    if not learning_rate > 0:
+        raise MLError(f"learning_rate={learning_rate} must be positive")
+    if reg < 0:
+        raise MLError(f"reg={reg} must not be negative")
+    if not 0.0 < batch_fraction <= 1.0:
+        raise MLError(f"batch_fraction={batch_fraction} must be in (0, 1]")
+    start = df.sparkSession.createDataFrame(
+        pa.table(
+            [cell(np.zeros(len(names) + 1)), pa.array([float("nan")]), pa.array([float("inf")])],
+            names=["coefficients", "loss", "change"],
+        ),
+        MODEL_SCHEMA,
+    )
+    prepare = design(names, label, weight, class_weight)
+    body = regression_body(kind, prepare, learning_rate, reg, batch_fraction, seed, tol, loss_tol)
+    iteration = (
+        itf.BoundedIteration(body)
+        .bind("model", start)
+        .bind("rows", df)
+        .until(itf.max_rounds(max_rounds))
+    )
+    if listen is not None:
+        iteration = iteration.listen(listen)
+    result = iteration.run(**run_options)
+    final = coefficients_of(result.outputs["model"])
+    return RegressionModel(kind, final[:-1], float(final[-1]), names, result)
+
+
+def linear_regression(
+    df: DataFrame,
+    *,
+    features: Sequence[str] | str,
+    label: str = "label",
+    weight: str | None = None,
+    learning_rate: float = 0.1,
+    reg: float = 0.0,
+    max_rounds: int = 100,
+    tol: float | None = 1e-6,
+    loss_tol: float | None = None,
+    batch_fraction: float = 1.0,
+    seed: int = 0,
+    listen: Any = None,
+    **run_options: Any,
+) -> RegressionModel:
+    """Least squares (ridge with ``reg``) by gradient descent; see the module docstring.
+
+    Example::
+
+        model = linear_regression(df, features=["x1", "x2"], label="y", learning_rate=0.5)
+        model.coefficients, model.intercept, model.termination.reason
+    """
+    return _fit(
+        "linear",
+        df,
+        features,
+        label,
+        weight,
+        None,
+        learning_rate,
+        reg,
+        max_rounds,
+        tol,
+        loss_tol,
+        batch_fraction,
+        seed,
+        listen,
+        run_options,
+    )
+
+
+def logistic_regression(
+    df: DataFrame,
+    *,
+    features: Sequence[str] | str,
+    label: str = "label",
+    weight: str | None = None,
+    class_weight: Mapping[Any, float] | None = None,
+    learning_rate: float = 0.5,
+    reg: float = 0.0,
+    max_rounds: int = 100,
+    tol: float | None = 1e-6,
+    loss_tol: float | None = None,
+    batch_fraction: float = 1.0,
+    seed: int = 0,
+    listen: Any = None,
+    **run_options: Any,
+) -> RegressionModel:
+    """Binary logistic regression (labels 0 and 1) by gradient descent; ``class_weight``
+    maps a label to a factor on its rows' weights. See the module docstring.
+
+    Example::
+
+        model = logistic_regression(df, features=["x1", "x2"], label="clicked", reg=0.01)
+        model.predict(df).select("prediction")   # probability of label 1
+    """
+    return _fit(
+        "logistic",
+        df,
+        features,
+        label,
+        weight,
+        class_weight,
+        learning_rate,
+        reg,
+        max_rounds,
+        tol,
+        loss_tol,
+        batch_fraction,
+        seed,
+        listen,
+        run_options,
+    )
