@@ -59,7 +59,7 @@ def test_flink_ml_published_case(spark):
 def test_fewer_distinct_points_than_k_assigns_every_point(spark):
     points = [(1.0, 1.0)] * 4 + [(5.0, 5.0)] * 3
     df = points_frame(spark, points)
-    model = kmeans(df, 4, max_rounds=5, seed=3, progress=False)
+    model = kmeans(df, 4, max_rounds=5, seed=3, init="random", progress=False)
     predictions = model.predict(df).collect()
     assert len(predictions) == 7 and all(r["prediction"] is not None for r in predictions)
     centres = {tuple(model.centroids[r["prediction"]]) for r in predictions}
@@ -120,3 +120,33 @@ def test_bad_input_is_named(spark):
         kmeans(df, 0)
     with pytest.raises(itf.IterflowError, match="features must be finite"):
         kmeans(points_frame(spark, [(0.0, float("nan")), (1.0, 1.0)]), 1, progress=False)
+
+
+def test_kmeans_demo_finds_the_centers(spark, capsys):
+    from iterflow.cli import main
+
+    assert main(["demo", "kmeans", "--points", "3000", "--k", "3", "--dims", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "termination: converged" in out
+    # Every centroid lies next to one of the true centers (blobs of spread 0.5).
+    distances = [
+        float(line.rsplit("(", 1)[1].rstrip(")"))
+        for line in out.splitlines()
+        if "->" in line and "center" in line and "(" in line and "nearest" not in line
+    ]
+    assert len(distances) == 3 and max(distances) < 0.2
+
+
+def test_plus_plus_seeding_spreads_the_centroids():
+    from iterflow.ml.kmeans import plus_plus
+
+    rng = np.random.default_rng(0)
+    centers = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0], [10.0, 10.0]])
+    sample = centers[rng.integers(0, 4, 2000)] + rng.normal(0, 0.3, (2000, 2))
+    for seed in range(5):
+        chosen = plus_plus(sample, 4, seed)
+        owners = {int(np.linalg.norm(centers - c, axis=1).argmin()) for c in chosen}
+        assert owners == {0, 1, 2, 3}, seed  # one seed per blob, for every seed tried
+    assert np.array_equal(plus_plus(sample, 4, 7), plus_plus(sample, 4, 7))
+    same = np.ones((5, 2))
+    assert plus_plus(same, 3, 0).shape == (3, 2)  # fewer distinct points than k

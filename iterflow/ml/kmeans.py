@@ -112,6 +112,24 @@ def lloyd_step(centroids: np.ndarray, loss: Any) -> Callable[[Iterator[pa.Record
     return finish
 
 
+#: How many points k-means++ seeding picks its centroids from (a seeded sample).
+SEEDING_SAMPLE = 10_000
+
+
+def plus_plus(sample: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """k-means++ seeding on ``sample``: each next centroid is drawn with probability
+    proportional to its squared distance to the nearest centroid chosen so far."""
+    rng = np.random.default_rng(seed)
+    chosen = [sample[rng.integers(len(sample))]]
+    for _ in range(1, min(k, len(sample))):
+        gaps = nearest(sample, np.array(chosen))[1]
+        if gaps.sum() <= 0:  # fewer distinct points than k: repeat one
+            chosen.append(chosen[-1])
+            continue
+        chosen.append(sample[rng.choice(len(sample), p=gaps / gaps.sum())])
+    return np.array(chosen)
+
+
 def kmeans_body(k: int, dims: int, features: Sequence[str] | str, tol: float | None) -> Any:
     """The k-means body: ``model`` (variable, one row) and ``points`` (data)."""
     prepare = feature_matrix(features, dims)
@@ -205,7 +223,7 @@ def kmeans(
     features: Sequence[str] | str = "features",
     max_rounds: int = 20,
     tol: float | None = 1e-4,
-    init: Any = "random",
+    init: Any = "k-means++",
     seed: int = 0,
     listen: Any = None,
     **run_options: Any,
@@ -213,8 +231,10 @@ def kmeans(
     """Fit k-means with Lloyd's algorithm.
 
     ``features`` is an array column or a list of numeric columns. ``init`` is
-    ``"random"`` (k points drawn with ``seed``, deterministic for a given input)
-    or the initial centroids (a ``(k, d)`` array-like). Stops after
+    ``"k-means++"`` (k-means++ seeding on a seeded sample of up to
+    ``SEEDING_SAMPLE`` points), ``"random"`` (k points drawn with ``seed``) or
+    the initial centroids (a ``(k, d)`` array-like); the first two are
+    deterministic for a given input and seed. Stops after
     ``max_rounds`` rounds or when no centroid moves more than ``tol``
     (``tol=None``: always ``max_rounds``). ``listen`` and ``run_options`` go to
     the iteration (``progress``, ``event_log``, ``checkpoint_dir``...).
@@ -229,14 +249,18 @@ def kmeans(
         raise MLError(f"kmeans(k={k!r}) needs a positive int")
     dims = _dims(df, features)
     if isinstance(init, str):
-        if init != "random":
-            raise MLError(f"kmeans(init={init!r}): use 'random' or the initial centroids")
+        if init not in ("k-means++", "random"):
+            raise MLError(
+                f"kmeans(init={init!r}): use 'k-means++', 'random' or the initial centroids"
+            )
         columns = [features] if isinstance(features, str) else list(features)
-        drawn = df.select(*columns).rdd.takeSample(False, k, seed)
+        wanted = k if init == "random" else max(k, SEEDING_SAMPLE)
+        drawn = df.select(*columns).rdd.takeSample(False, wanted, seed)
         if not drawn:
             raise MLError("kmeans() needs at least one point")
         rows = [r[0] if isinstance(features, str) else list(r) for r in drawn]
-        start = np.array(rows, dtype=np.float64).reshape(-1, dims)
+        sample = np.array(rows, dtype=np.float64).reshape(-1, dims)
+        start = sample if init == "random" else plus_plus(sample, k, seed)
     else:
         start = np.asarray(init, dtype=np.float64)
         if start.shape != (k, dims):
