@@ -1,0 +1,45 @@
+"""iterflow.ml and the graph kernels on separate executor JVMs give the references' results."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+import pytest
+from ml_cluster_job import data
+from test_ml_kmeans import numpy_lloyd
+
+pytestmark = pytest.mark.spark
+
+JOB = Path(__file__).with_name("ml_cluster_job.py")
+
+
+@pytest.fixture(scope="module")
+def cluster_run() -> dict:  # type: ignore[type-arg]
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run(
+        [sys.executable, str(JOB)], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_kernels_on_two_executors_match_the_references(cluster_run: dict) -> None:  # type: ignore[type-arg]
+    d = data()
+    assert cluster_run["executors"] == 2
+    expected = numpy_lloyd(d["points"], d["points"][[0, 1, 2]], 5)[-1]
+    np.testing.assert_allclose(cluster_run["centroids"], expected, atol=1e-9)
+    design = np.column_stack([d["x"], np.ones(len(d["x"]))])
+    solution, *_ = np.linalg.lstsq(design, d["y"], rcond=None)
+    np.testing.assert_allclose(cluster_run["coefficients"], solution, atol=1e-4)
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(50))
+    graph.add_edges_from(zip(d["src"].tolist(), d["dst"].tolist(), strict=True))
+    reference = nx.pagerank(graph, tol=1e-14, max_iter=2000)
+    ranks = {int(k): v for k, v in cluster_run["ranks"].items()}
+    assert max(abs(ranks[v] - reference[v]) for v in reference) < 1e-6
