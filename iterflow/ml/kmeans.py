@@ -68,12 +68,11 @@ def feature_matrix(features: Sequence[str] | str, dims: int) -> Callable[[pa.Tab
 def nearest(points: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Index of the nearest centroid of every point (the first on a tie), and the squared
     distance to it."""
-    # |x - c|^2 = |x|^2 - 2 x.c + |c|^2
-    squared = (
-        (points**2).sum(axis=1)[:, None] - 2.0 * points @ centroids.T + (centroids**2).sum(axis=1)
-    )
-    chosen = np.argmin(squared, axis=1)
-    return chosen, np.maximum(squared[np.arange(len(points)), chosen], 0.0)
+    # |x - c|^2 = |x|^2 - 2 x.c + |c|^2, and |x|^2 is the same for every centroid.
+    scores = (centroids**2).sum(axis=1) - 2.0 * points @ centroids.T
+    chosen = np.argmin(scores, axis=1)
+    best = scores[np.arange(len(points)), chosen]
+    return chosen, np.maximum(best + (points**2).sum(axis=1), 0.0)
 
 
 def partial_sums(table: pa.Table, centroids: np.ndarray) -> pa.Table:
@@ -81,8 +80,9 @@ def partial_sums(table: pa.Table, centroids: np.ndarray) -> pa.Table:
     k, dims = centroids.shape
     points = table["x"].to_numpy().reshape(-1, dims)
     chosen, distance = nearest(points, centroids)
-    sums = np.zeros((k, dims))
-    np.add.at(sums, chosen, points)
+    sums = np.stack(
+        [np.bincount(chosen, weights=points[:, j], minlength=k) for j in range(dims)], axis=1
+    ).reshape(k, dims)
     counts = np.bincount(chosen, minlength=k)
     return pa.table(
         [cell(sums.ravel()), cell(counts.astype(np.int64)), pa.array([float(distance.sum())])],
