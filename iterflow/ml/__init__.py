@@ -3,7 +3,8 @@
 Each is a short iteration body that users can read as a model for their own.
 """
 
-from iterflow.ml.kmeans import KMeansModel, MLError, kmeans
+from iterflow.ml.kmeans import KMeansModel, kmeans
+from iterflow.ml.model import MLError
 from iterflow.ml.regression import RegressionModel, linear_regression, logistic_regression
 
 __all__ = [

@@ -28,19 +28,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, IntegerType, NumericType, StructField, StructType
 
 import iterflow as itf
+from iterflow.ml.model import Fitted, MLError, cell
 
 MODEL_SCHEMA = "centroids ARRAY<DOUBLE>, cost DOUBLE, shift DOUBLE"
 PARTIAL_SCHEMA = "sums ARRAY<DOUBLE>, counts ARRAY<LONG>, cost DOUBLE"
-
-
-class MLError(itf.IterflowError, ValueError):
-    """Bad input to an ``iterflow.ml`` algorithm: a column, a shape, a parameter."""
-
-
-def cell(values: np.ndarray) -> pa.ListArray:
-    """One list cell holding ``values`` (a whole vector in one row)."""
-    array = pa.array(values)
-    return pa.ListArray.from_arrays(pa.array(np.array([0, len(array)], dtype=np.int32)), array)
 
 
 def feature_matrix(features: Sequence[str] | str, dims: int) -> Callable[[pa.Table], pa.Table]:
@@ -155,24 +146,12 @@ def model_centroids(model: DataFrame, dims: int) -> np.ndarray:
 
 
 @attrs.frozen
-class KMeansModel:
+class KMeansModel(Fitted):
     """A fitted k-means model: ``centroids`` (k, d), and the run that made it."""
 
     centroids: np.ndarray
     features: Sequence[str] | str
     result: itf.IterationResult = attrs.field(repr=False)
-
-    @property
-    def rounds(self) -> int:
-        return self.result.rounds
-
-    @property
-    def termination(self) -> itf.Termination:
-        return self.result.termination
-
-    @property
-    def history(self) -> list[itf.RoundProgress]:
-        return self.result.history
 
     def predict(self, df: DataFrame, output: str = "prediction") -> DataFrame:
         """``df`` with ``output``: the index of the nearest centroid of each row."""

@@ -34,7 +34,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.ml.kmeans import MLError, cell
+from iterflow.ml.model import Fitted, MLError, cell
 
 MODEL_SCHEMA = "coefficients ARRAY<DOUBLE>, loss DOUBLE, change DOUBLE"
 PARTIAL_SCHEMA = "gradient ARRAY<DOUBLE>, loss DOUBLE, weight DOUBLE"
@@ -181,7 +181,7 @@ def regression_body(
 
 
 @attrs.frozen
-class RegressionModel:
+class RegressionModel(Fitted):
     """A fitted model: ``coefficients`` (d,), ``intercept``, and the run that made it."""
 
     kind: str
@@ -189,18 +189,6 @@ class RegressionModel:
     intercept: float
     features: Sequence[str]
     result: itf.IterationResult = attrs.field(repr=False)
-
-    @property
-    def rounds(self) -> int:
-        return self.result.rounds
-
-    @property
-    def termination(self) -> itf.Termination:
-        return self.result.termination
-
-    @property
-    def history(self) -> list[itf.RoundProgress]:
-        return self.result.history
 
     def predict(self, df: DataFrame, output: str = "prediction") -> DataFrame:
         """``df`` with ``output``: the fitted value (linear) or the probability of label 1
