@@ -110,6 +110,25 @@ def test_tol_stops_early_with_converged_and_columns_work(spark):
     assert sorted(np.round(model.centroids.sum(axis=1))) == [0.0, 20.0]
 
 
+def test_an_array_of_non_null_columns_gives_the_same_model(spark):
+    # F.array over non-null columns has non-null elements, which Arrow batches do not mark.
+    from pyspark.sql import functions as F
+
+    df = (
+        spark.range(0, 400, numPartitions=3)
+        .select((F.rand(1) * 3.0).alias("x"), (F.rand(2) * 2.0).alias("y"))
+        .localCheckpoint()
+    )
+    packed = df.select(F.array("x", "y").alias("features"))
+    assert not packed.schema["features"].dataType.containsNull
+    start = [[0.5, 1.0], [2.5, 1.0]]
+    by_array = kmeans(packed, 2, init=start, max_rounds=5, tol=None, progress=False)
+    by_columns = kmeans(
+        df, 2, features=["x", "y"], init=start, max_rounds=5, tol=None, progress=False
+    )
+    assert np.allclose(by_array.centroids, by_columns.centroids, atol=1e-12)
+
+
 def test_bad_input_is_named(spark):
     df = points_frame(spark, FLINK_POINTS)
     with pytest.raises(MLError, match="no feature column 'vec'"):

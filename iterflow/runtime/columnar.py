@@ -89,7 +89,10 @@ def _writer(
     directory: str, prepare: Prepare | None, schema: pa.Schema
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        table = pa.Table.from_batches(list(batches), schema=schema)
+        # Spark's batches may mark nested fields nullable where the DataFrame's schema
+        # does not (an array of non-null elements): take their own schema when there are any.
+        received = list(batches)
+        table = pa.Table.from_batches(received) if received else schema.empty_table()
         if prepare is not None:
             table = prepare(table)
         location = f"{directory.rstrip('/')}/part-{uuid.uuid4().hex}.arrow"
