@@ -9,6 +9,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import iterflow as itf
+from iterflow.runtime.rounds import DRIVER_ROWS_CONF
 
 pytestmark = pytest.mark.spark
 
@@ -387,3 +388,61 @@ def test_rows_bound_without_a_dataframe_use_the_inputs_session(
     )
     assert result.rounds == 3  # rounds 2, 3, 4 of the counter
     assert itf.session() is spark  # the active session, not a new embedded one
+
+
+def _job_count(spark: SparkSession) -> int:
+    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
+
+
+def test_small_variables_are_held_on_the_driver_after_the_first_round(
+    spark: SparkSession,
+) -> None:
+    @itf.body
+    def grow(small: DataFrame, big: DataFrame) -> itf.Declaration:
+        following = small.select((F.col("v") + 1).alias("v"))
+        return itf.Declaration(
+            feedback={"small": following, "big": big.select((F.col("v") + 1).alias("v"))},
+            outputs={"small": following},
+        )
+
+    seen: dict[str, list[bool]] = {"small": [], "big": []}
+    jobs_to_read: list[int] = []
+
+    def check(ctx: itf.RoundEnd) -> None:
+        for name in seen:
+            seen[name].append(ctx.variables[name].isLocal())
+        before = _job_count(spark)
+        ctx.variables["small"].collect()
+        jobs_to_read.append(_job_count(spark) - before)
+
+    def run() -> itf.IterationResult:
+        return (
+            itf.BoundedIteration(grow)
+            .bind("small", spark.range(3).select(F.col("id").alias("v")))
+            .bind("big", spark.range(1500).select(F.col("id").alias("v")))
+            .until(itf.max_rounds(3))
+            .listen(check)
+            .run()
+        )
+
+    assert sorted(r["v"] for r in run().outputs["small"].collect()) == [3, 4, 5]
+    # Round 0 cannot know the sizes; from round 1 the 3-row variable lives on the driver,
+    # and reading it runs no Spark job. The 1,500-row one (over DRIVER_ROWS) stays in Spark.
+    assert seen == {"small": [False, True, True], "big": [False, False, False]}
+    assert jobs_to_read[1:] == [0, 0]
+
+    seen = {"small": [], "big": []}
+    spark.conf.set(DRIVER_ROWS_CONF, "0")
+    try:
+        result = run()
+    finally:
+        spark.conf.unset(DRIVER_ROWS_CONF)
+    assert seen == {"small": [False, False, False], "big": [False, False, False]}
+    assert sorted(r["v"] for r in result.outputs["small"].collect()) == [3, 4, 5]
+
+    spark.conf.set(DRIVER_ROWS_CONF, "many")
+    try:
+        with pytest.raises(itf.IterflowError, match=DRIVER_ROWS_CONF):
+            run()
+    finally:
+        spark.conf.unset(DRIVER_ROWS_CONF)

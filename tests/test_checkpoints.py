@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 import iterflow as itf
 from iterflow.progress.events import read_events, round_ends
 from iterflow.runtime.checkpoint import MARKER, epoch_dir
+from iterflow.runtime.rounds import DRIVER_ROWS_CONF
 
 pytestmark = pytest.mark.spark
 
@@ -224,6 +225,15 @@ def test_no_warning_without_checkpoints(spark: SparkSession, tmp_path: Path) -> 
         run(spark, tmp_path, [], rounds=2)
 
 
+@pytest.fixture
+def checkpointed_variables(spark: SparkSession) -> Any:
+    """Small variables stay in Spark (local checkpoints that can lose a block), not on the
+    driver."""
+    spark.conf.set(DRIVER_ROWS_CONF, "0")
+    yield
+    spark.conf.unset(DRIVER_ROWS_CONF)
+
+
 def lose_block_at(epoch: int) -> Any:
     """A listener that drops a block of the variable's local checkpoint after round
     ``epoch``, as a lost executor would: Spark cannot recompute it."""
@@ -239,6 +249,7 @@ def lose_block_at(epoch: int) -> Any:
     return lose
 
 
+@pytest.mark.usefixtures("checkpointed_variables")
 def test_a_lost_checkpoint_block_rolls_back_to_the_durable_checkpoint(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -272,6 +283,7 @@ def test_a_lost_checkpoint_block_rolls_back_to_the_durable_checkpoint(
     assert [e["epoch"] for e in round_ends(events)] == list(range(8))
 
 
+@pytest.mark.usefixtures("checkpointed_variables")
 def test_a_lost_checkpoint_block_without_checkpoints_names_the_remedy(
     spark: SparkSession,
 ) -> None:

@@ -20,6 +20,7 @@ from iterflow.runtime.builder import (
 )
 from iterflow.runtime.checkpoint import Checkpointing, CheckpointOptions, fingerprint
 from iterflow.runtime.observers import ObserverOptions, RunObservers
+from iterflow.runtime.rounds import driver_rows
 from iterflow.runtime.schema import describe_inputs
 from iterflow.termination import Condition
 
@@ -98,6 +99,7 @@ class BoundedIteration(IterationBuilder):
         """
         check_progress_option(progress)
         active, inputs = self._bound_inputs(spark)
+        held_rows = driver_rows(active)
         replay = {name for name, b in self._bindings.items() if b.replay}
         options = ObserverOptions(progress=progress, event_log=event_log, sinks=tuple(self._sinks))
         checkpointing = None
@@ -126,5 +128,6 @@ class BoundedIteration(IterationBuilder):
                 static_conditions=self._conditions,
             ),
             checkpointing=checkpointing,
+            driver_rows=held_rows,
         )
         return loop.run()

@@ -37,7 +37,15 @@ from iterflow.runtime.checkpoint import (
 )
 from iterflow.runtime.materialize import Materialized, persist_owned, release
 from iterflow.runtime.observers import RunObservers
-from iterflow.runtime.rounds import DeclarationCheck, RoundPlan, evaluate_round, fail
+from iterflow.runtime.rounds import (
+    DRIVER_ROWS,
+    DeclarationCheck,
+    RoundPlan,
+    evaluate_round,
+    fail,
+    local_rows,
+    small_variables,
+)
 from iterflow.runtime.scope import CacheRegistry, SparkRoundScope
 from iterflow.termination import (
     Condition,
@@ -65,6 +73,7 @@ class RoundLoop:
         listeners: ListenerSet,
         observers: RunObservers,
         checkpointing: Checkpointing | None = None,
+        driver_rows: int = DRIVER_ROWS,
     ) -> None:
         self.body = body
         self.observers = observers
@@ -85,6 +94,10 @@ class RoundLoop:
         self.emitter = Emitter()
         self.caches = CacheRegistry()
         self.history: list[RoundProgress] = []
+        # Rows of each variable in the last round: small ones are held on the driver.
+        self.variable_rows: dict[str, int] = {}
+        self.variable_tables: dict[str, Any] = {}  # of those held on the driver
+        self.driver_rows = driver_rows  # variables up to this many rows live on the driver
         # Live checkpoints: the previous round's, then the current round's.
         self.held: list[DataFrame] = []
         # Inputs iterflow persisted at the start (data inputs and round-0 variables).
@@ -110,6 +123,7 @@ class RoundLoop:
                 self._check_reachable(restored)
                 self.observers.metrics.restore(restored.driver.metrics)
             current = self._resume(restored) if restored else dict(self.inputs)
+            self.variable_rows = local_rows(current, self.driver_rows)
             self._own_inputs(current)
             epoch = self.start
             while True:
@@ -306,8 +320,19 @@ class RoundLoop:
             self.check.warn_unbounded(epoch, plan)
             return plan
 
-        evaluated = evaluate_round(self.body, inputs, ctx, self.check, plan_of)
+        # A small variable (a model) lives on the driver between rounds. Before round 0
+        # declares its feedback, any input may turn out to be a variable.
+        names = self.check.variable_names
+        small = small_variables(
+            inputs if names is None else names,
+            self.variable_rows,
+            self.variable_tables,
+            self.driver_rows,
+        )
+        evaluated = evaluate_round(self.body, inputs, ctx, self.check, plan_of, small)
         plan, done, rows = evaluated.plan, evaluated.done, evaluated.rows
+        self.variable_rows = {name: rows[name] for name in evaluated.variables}
+        self.variable_tables = evaluated.tables
         produced = evaluated.produced
         self.held.extend(produced)  # released with the rest if this round fails
         next_vars, materialized_outputs = evaluated.variables, evaluated.outputs

@@ -7,7 +7,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any, NoReturn
 
 import attrs
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from iterflow.body import Declaration, IterationBody, RoundContext
@@ -23,6 +23,53 @@ from iterflow.progress.round import RoundProgress
 from iterflow.runtime.materialize import Materialized, materialize
 from iterflow.runtime.schema import is_numeric, schema_differences
 from iterflow.termination import Condition, Converged, Empty, flatten
+
+#: A variable that had at most this many rows in the previous round is collected rather
+#: than checkpointed: the next body (and a commit) reads it without a Spark job...
+DRIVER_ROWS = 1_000
+#: ... (the Spark setting that changes it; 0 checkpoints every variable) ...
+DRIVER_ROWS_CONF = "spark.iterflow.driverRows"
+#: ... unless it took more than this many bytes on the driver (one row can be a long vector).
+DRIVER_BYTES = 64 << 20
+
+
+def driver_rows(spark: SparkSession) -> int:
+    """The largest variable (in rows) held on the driver between rounds: ``DRIVER_ROWS_CONF``."""
+    setting = spark.conf.get(DRIVER_ROWS_CONF, None)
+    if setting is None:
+        return DRIVER_ROWS
+    try:
+        limit = int(setting)
+    except ValueError:
+        limit = -1
+    if limit < 0:
+        raise IterflowValueError(
+            f"{DRIVER_ROWS_CONF}={setting!r}: use a row count (0 keeps every variable in Spark)"
+        )
+    return limit
+
+
+def local_rows(inputs: Mapping[str, DataFrame], limit: int) -> dict[str, int]:
+    """Rows of the ``inputs`` that are rows on the driver already (local relations, such
+    as a model made with ``createDataFrame``), counted without a Spark job, up to
+    ``limit + 1``: what round 0 goes by to hold its feedback on the driver."""
+    if limit <= 0:
+        return {}
+    return {name: len(df.limit(limit + 1).collect()) for name, df in inputs.items() if df.isLocal()}
+
+
+def small_variables(
+    names: Collection[str], rows: Mapping[str, int], tables: Mapping[str, Any], limit: int
+) -> list[str]:
+    """The variables among ``names`` held on the driver this round: those whose previous
+    round had at most ``limit`` rows (unknown counts, as at round 0, do not) and, when
+    held on the driver (``tables``), at most ``DRIVER_BYTES`` bytes."""
+    return [
+        name
+        for name in names
+        if rows.get(name, limit + 1) <= limit
+        and (name not in tables or tables[name].nbytes <= DRIVER_BYTES)
+    ]
 
 
 def fail(epoch: int, stage: str, exc: BaseException) -> NoReturn:

@@ -1,4 +1,5 @@
-"""Schemas: feedback compared with its input (nullability ignored), and described as DDL."""
+"""Schemas: feedback compared with its input (nullability ignored), described as DDL, and
+whether rows of a schema can be held on the driver as Arrow."""
 
 from __future__ import annotations
 
@@ -6,7 +7,15 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from pyspark.sql import DataFrame
-from pyspark.sql.types import ArrayType, DataType, MapType, NumericType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    DataType,
+    MapType,
+    NumericType,
+    StructField,
+    StructType,
+    UserDefinedType,
+)
 
 
 def without_nullability(data_type: DataType) -> DataType:
@@ -46,6 +55,20 @@ def schema_differences(expected: StructType, actual: StructType) -> list[str]:
         if name not in want
     )
     return problems
+
+
+def has_user_type(data_type: DataType) -> bool:
+    """True when ``data_type`` is or contains a user-defined type (such as an ML vector),
+    which Arrow tables do not carry back into a DataFrame."""
+    if isinstance(data_type, UserDefinedType):
+        return True
+    if isinstance(data_type, StructType):
+        return any(has_user_type(f.dataType) for f in data_type.fields)
+    if isinstance(data_type, ArrayType):
+        return has_user_type(data_type.elementType)
+    if isinstance(data_type, MapType):
+        return has_user_type(data_type.keyType) or has_user_type(data_type.valueType)
+    return False
 
 
 def is_numeric(data_type: Any) -> bool:

@@ -47,7 +47,14 @@ from iterflow.runtime.materialize import (
     unique_observation,
 )
 from iterflow.runtime.observers import RunObservers
-from iterflow.runtime.rounds import DeclarationCheck, RoundPlan, evaluate_round, fail
+from iterflow.runtime.rounds import (
+    DRIVER_ROWS,
+    DeclarationCheck,
+    RoundPlan,
+    evaluate_round,
+    fail,
+    small_variables,
+)
 from iterflow.runtime.scope import CacheRegistry, SparkRoundScope
 from iterflow.termination import Termination
 from iterflow.unbounded.inputs import Chunks, split
@@ -56,9 +63,6 @@ from iterflow.unbounded.sinks import Sink
 #: Pending variables up to this many rows are committed inside the driver state
 #: (one small collect) rather than as parquet (a Spark write job).
 INLINE_ROWS = 10_000
-#: A state variable that had at most this many rows in the last epoch is collected
-#: rather than checkpointed: the next body and the commit read it without a job.
-DRIVER_ROWS = 1_000
 #: Per-epoch progress kept in memory and in the epoch log.
 RECENT_EPOCHS = 1_000
 
@@ -74,6 +78,7 @@ class EpochOptions:
     max_rows_per_epoch: int | None = None
     max_feedback_rows: int = 0
     max_epochs_per_batch: int = 100
+    driver_rows: int = DRIVER_ROWS  # state variables up to this many rows live on the driver
 
 
 @attrs.frozen(kw_only=True)
@@ -284,11 +289,9 @@ class EpochLoop:
             feedback_in = dict(self.pending_rows)
             ctx = RoundContext(epoch, self.state, scope)
             # A small state variable (a model) lives on the driver between epochs.
-            small = [
-                n
-                for n in self.state_names
-                if self.pending_rows.get(n, DRIVER_ROWS + 1) <= DRIVER_ROWS
-            ]
+            small = small_variables(
+                self.state_names, self.pending_rows, self.pending_tables, self.options.driver_rows
+            )
             evaluated = evaluate_round(
                 self.body, inputs, ctx, self.check, partial(self._checked, epoch), small
             )

@@ -19,6 +19,7 @@ from iterflow.runtime.builder import (
 from iterflow.runtime.checkpoint import Checkpointing, CheckpointOptions, fingerprint
 from iterflow.runtime.files import files_for
 from iterflow.runtime.observers import ObserverOptions, RunObservers
+from iterflow.runtime.rounds import driver_rows
 from iterflow.runtime.schema import describe_inputs
 from iterflow.runtime.session import spark_context
 from iterflow.unbounded.epochs import EpochLoop, EpochOptions
@@ -123,14 +124,15 @@ class UnboundedIteration(IterationBuilder):
                 f"start(available_now=True, processing_time='{processing_time}'): choose one "
                 "trigger"
             )
+        active, inputs = self._bound_inputs(spark)
         options = EpochOptions(
             max_rows_per_epoch=None
             if max_rows_per_epoch is None
             else at_least_one("max_rows_per_epoch", max_rows_per_epoch),
             max_feedback_rows=at_least_one("max_feedback_rows", max_feedback_rows, zero=True),
             max_epochs_per_batch=at_least_one("max_epochs_per_batch", max_epochs_per_batch),
+            driver_rows=driver_rows(active),
         )
-        active, inputs = self._bound_inputs(spark)
         if spark_context(active) is None:
             raise IterflowError(
                 "UnboundedIteration needs a classic SparkSession; under Spark Connect, "
