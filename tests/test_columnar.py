@@ -55,3 +55,37 @@ def test_kernels_read_the_files_written_once_for_the_whole_iteration(spark, tmp_
 def test_a_missing_file_names_the_setting_to_fix(tmp_path):
     with pytest.raises(itf.IterflowError, match=DIRECTORY_CONF):
         _open(str(tmp_path / "part-gone.arrow"))
+
+
+def test_combine_sees_the_kernels_outputs_in_file_order_on_spark_and_on_the_driver(spark):
+    from iterflow.runtime.columnar import ColumnarData, combined_on_driver
+
+    values = np.arange(1, 2001, dtype=np.float64)
+    files = ColumnarData.write(spark.createDataFrame(pa.table({"x": values})).repartition(5))
+    try:
+
+        def total(index: int, table: pa.Table) -> pa.Table:
+            return pa.table({"file": [index], "total": [float(np.sum(table["x"].to_numpy()))]})
+
+        def combine(batches):
+            table = pa.Table.from_batches(list(batches))
+            yield from pa.table(
+                {"order": [table["file"].to_pylist()], "sum": [float(np.sum(table["total"]))]}
+            ).to_batches()
+
+        combined = files.map(
+            total,
+            "file LONG, total DOUBLE",
+            indexed=True,
+            combine=combine,
+            combine_schema="order ARRAY<LONG>, sum DOUBLE",
+        )
+        on_spark = combined.collect()
+        on_driver = combined_on_driver(combined).to_pylist()
+        assert [(r["order"], r["sum"]) for r in on_spark] == [(list(range(5)), values.sum())]
+        assert on_driver == [{"order": list(range(5)), "sum": values.sum()}]
+        assert combined_on_driver(spark.range(1)) is None  # not a combined result
+        with pytest.raises(itf.IterflowError, match="combine_schema"):
+            files.map(total, "file LONG, total DOUBLE", indexed=True, combine=combine)
+    finally:
+        files.release()

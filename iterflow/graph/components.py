@@ -197,8 +197,14 @@ def vector_components_body(ids: pa.Array, messages: Any, active: Any) -> itf.Ite
         labels: DataFrame, edges: DataFrame, ctx: itf.RoundContext
     ) -> itf.Declaration:
         current = cell_values(labels.toArrow().column("label"))  # the input: materialized
-        found = ctx.columnar(edges, prepare).map(local_joins, JOINS_SCHEMA, current, messages)
-        new_labels = found.coalesce(1).mapInArrow(join_all(current, active), LABELS_SCHEMA)
+        new_labels = ctx.columnar(edges, prepare).map(
+            local_joins,
+            JOINS_SCHEMA,
+            current,
+            messages,
+            combine=join_all(current, active),
+            combine_schema=LABELS_SCHEMA,
+        )
         return itf.Declaration(
             feedback={"labels": new_labels},
             outputs={"labels": new_labels},

@@ -207,9 +207,13 @@ def vector_body(
     ) -> itf.Declaration:
         current = cell_values(ranks.toArrow().column("rank"))  # the input: materialized
         files = ctx.columnar(edges, prepare)
-        partials = files.map(contributions, PARTIAL_SCHEMA, current, messages)
-        new_ranks = partials.coalesce(1).mapInArrow(
-            next_ranks(alpha, current, teleport), VECTOR_SCHEMA
+        new_ranks = files.map(
+            contributions,
+            PARTIAL_SCHEMA,
+            current,
+            messages,
+            combine=next_ranks(alpha, current, teleport),
+            combine_schema=VECTOR_SCHEMA,
         )
         return itf.Declaration(
             feedback={"ranks": new_ranks},

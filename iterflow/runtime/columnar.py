@@ -14,6 +14,12 @@ the driver, which suits ``local`` and ``local-cluster`` masters). On a cluster
 of several machines it must be storage every executor can read: a shared mount,
 or a URI that ``pyarrow.fs`` opens (``s3://``, ``gs://``, ``hdfs://``...). A
 task that cannot find its file fails with an error saying so.
+
+``map(..., combine=f)`` reduces the kernels' outputs with ``f`` in one place, in
+file order (so the result does not depend on which task finished first). Spark
+runs it as one task after a shuffle; when iterflow holds the result on the
+driver (a small variable, such as a model), it collects the kernels' outputs
+and runs ``f`` on the driver instead, saving the shuffle and a Python task.
 """
 
 from __future__ import annotations
@@ -27,10 +33,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import attrs
 import pyarrow as pa
 import pyarrow.fs as pafs
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import StructType
+from pyspark.sql.types import IntegerType, StructType
 
 from iterflow.errors import IterflowError, IterflowTypeError
 
@@ -38,6 +45,12 @@ DIRECTORY_CONF = "spark.iterflow.columnar.dir"
 
 Prepare = Callable[[pa.Table], pa.Table]
 Kernel = Callable[..., Iterable[pa.RecordBatch] | pa.Table | pa.RecordBatch]
+Combine = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+
+#: The column that numbers the file each kernel output came from (before ``combine``).
+FILE_COLUMN = "__iterflow_file"
+#: Where ``map(..., combine=...)`` notes how its result can be computed on the driver.
+_COMBINED_ATTRIBUTE = "_iterflow_combined"
 
 #: Tables a Python worker has opened, by path, most recent last (worker side).
 _OPENED: OrderedDict[str, pa.Table] = OrderedDict()
@@ -114,6 +127,52 @@ def _arrow_type(data_type: Any) -> pa.DataType:
     return to_arrow_type(data_type)
 
 
+def _with_file_column(schema: StructType | str) -> StructType | str:
+    if isinstance(schema, str):
+        return f"{schema}, {FILE_COLUMN} INT"
+    return StructType([*schema.fields]).add(FILE_COLUMN, IntegerType(), False)
+
+
+def _in_file_order(combine: Combine) -> Combine:
+    """``combine`` over the kernels' outputs sorted by file (stable), without the file column."""
+
+    def ordered(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        received = list(batches)
+        if not received:
+            yield from combine(iter(()))
+            return
+        table = pa.Table.from_batches(received).sort_by(FILE_COLUMN).drop_columns(FILE_COLUMN)
+        yield from combine(iter(table.to_batches()))
+
+    return ordered
+
+
+@attrs.frozen
+class _Combined:
+    mapped: DataFrame  # the kernels' outputs, numbered by file
+    in_order: Combine
+
+
+def combined_on_driver(df: DataFrame) -> pa.Table | None:
+    """The rows of ``df``, a ``map(..., combine=...)`` result, computed by collecting the
+    kernels' outputs (one Spark job, no shuffle) and combining them here; None for any
+    other DataFrame."""
+    combined = getattr(df, "__dict__", {}).get(_COMBINED_ATTRIBUTE)
+    if combined is None:
+        return None
+    received = combined.mapped.toArrow()
+    batches = list(combined.in_order(iter(received.to_batches())))
+    return pa.Table.from_batches(batches) if batches else None
+
+
+def _task_slots(spark: SparkSession) -> int:
+    """Tasks that run at once: the default parallelism (over Spark Connect, unbounded)."""
+    try:
+        return max(int(spark.sparkContext.defaultParallelism), 1)
+    except Exception:  # Spark Connect has no SparkContext
+        return 1 << 30
+
+
 def plan_key(df: DataFrame) -> int:
     """Equal for DataFrames with the same (canonicalized) plan, built separately or not;
     where the plan cannot be reached (a Spark Connect DataFrame), the object's identity."""
@@ -162,28 +221,56 @@ class ColumnarData:
         return len(self.locations)
 
     def map(
-        self, kernel: Kernel, schema: StructType | str, *args: Any, indexed: bool = False
+        self,
+        kernel: Kernel,
+        schema: StructType | str,
+        *args: Any,
+        indexed: bool = False,
+        combine: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]] | None = None,
+        combine_schema: StructType | str | None = None,
     ) -> DataFrame:
-        """A DataFrame of ``kernel(table, *args)`` over every file (one task each).
+        """A DataFrame of ``kernel(table, *args)`` over every file.
 
         ``kernel`` gets one partition as a ``pyarrow.Table`` and returns a table,
         a record batch or an iterable of record batches matching ``schema``.
         ``args`` travel with the task (Spark broadcasts large ones). With
         ``indexed=True`` it is called as ``kernel(index, table, *args)``, ``index``
-        being the file's number (e.g. to seed a per-partition sample).
+        being the file's number (e.g. to seed a per-partition sample). The files
+        are split into at most one task per core (a task costs more than a file's
+        kernel often does), each calling ``kernel`` on its files in turn.
+
+        ``combine`` (with ``combine_schema``) then runs once over all the kernels'
+        record batches, in one task, as in ``mapInArrow``: to sum per-partition
+        partials into a model, say. The kernels still run in parallel (a shuffle
+        brings their small outputs together; ``coalesce(1)`` would run them one
+        after another in that one task).
         """
+        if combine is not None and combine_schema is None:
+            raise IterflowTypeError("map(combine=...) needs combine_schema= as well")
         locations = self.locations
+        numbered = combine is not None
 
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for batch in batches:
                 for index in batch.column(0).to_pylist():
                     table = _open(locations[index])
                     result = kernel(index, table, *args) if indexed else kernel(table, *args)
-                    yield from _batches(result)
+                    for out in _batches(result):
+                        if numbered:
+                            files = pa.array([index] * out.num_rows, pa.int32())
+                            out = out.append_column(FILE_COLUMN, files)
+                        yield out
 
-        count = max(len(locations), 1)
+        count = max(min(len(locations), _task_slots(self.spark)), 1)
         indices = self.spark.range(0, len(locations), 1, count)
-        return indices.mapInArrow(run, schema)
+        if combine is None:
+            return indices.mapInArrow(run, schema)
+        mapped = indices.mapInArrow(run, _with_file_column(schema))
+        in_order = _in_file_order(combine)
+        combined = mapped.repartition(1).mapInArrow(in_order, combine_schema)  # type: ignore[arg-type]
+        with contextlib.suppress(AttributeError, TypeError):  # a DataFrame that takes no attributes
+            setattr(combined, _COMBINED_ATTRIBUTE, _Combined(mapped, in_order))
+        return combined
 
     def release(self) -> None:
         """Delete the files (driver side)."""

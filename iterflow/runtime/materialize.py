@@ -24,11 +24,13 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from iterflow.errors import IterflowValueError
+from iterflow.runtime.columnar import combined_on_driver
 from iterflow.runtime.jvm import (
     observation_ready,
     release_local_checkpoint,
     set_checkpoint_statistics,
 )
+from iterflow.runtime.schema import has_user_type
 
 _names = itertools.count()
 
@@ -58,8 +60,10 @@ def is_persisted(df: DataFrame) -> bool:
 
 
 def persist_owned(df: DataFrame) -> bool:
-    """Persist ``df`` unless it is cached already; True when iterflow now owns the cache."""
-    if is_persisted(df):
+    """Persist ``df`` unless it is cached already or is rows held on the driver (a local
+    relation: caching it would only make reading it a Spark job); True when iterflow now
+    owns the cache."""
+    if is_persisted(df) or df.isLocal():
         return False
     df.persist(StorageLevel.MEMORY_AND_DISK)
     return True
@@ -94,7 +98,8 @@ def materialize(
     Targets whose ``id()`` is in ``on_driver`` (small ones, such as a model) are
     collected as Arrow tables instead, and continue as local DataFrames over
     them (a ``LocalRelation``): reading them later, in the next body or to
-    commit them, runs no Spark job.
+    commit them, runs no Spark job. A target with a user-defined type (an ML
+    vector), which Arrow does not carry back, is checkpointed all the same.
     """
     distinct = list({id(df): df for df in targets}.values())
     target_ids = {id(df) for df in distinct}
@@ -106,8 +111,12 @@ def materialize(
         rows: dict[int, int] = {}
         tables: dict[int, Any] = {}
         for df in distinct:
-            if id(df) in on_driver:
-                table = df.toArrow()
+            if id(df) in on_driver and not has_user_type(df.schema):
+                # Alone in the round (nothing else reads it), a combined kernel result is
+                # combined here on the driver: no shuffle, no Python task for the combine.
+                table = None if shared else combined_on_driver(df)
+                if table is None:
+                    table = df.toArrow()
                 frames[id(df)] = local_frame(df.sparkSession, table, df.schema)
                 rows[id(df)] = table.num_rows
                 tables[id(df)] = table
