@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, IntegerType, NumericType, StructField, StructType
 
 import iterflow as itf
-from iterflow.ml.model import Fitted, MLError, cell
+from iterflow.ml.model import Fitted, MLError, cell, model_field, model_row
 
 MODEL_SCHEMA = "centroids ARRAY<DOUBLE>, cost DOUBLE, shift DOUBLE"
 PARTIAL_SCHEMA = "sums ARRAY<DOUBLE>, counts ARRAY<LONG>, cost DOUBLE"
@@ -63,7 +63,7 @@ def nearest(points: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.n
     scores = (centroids**2).sum(axis=1) - 2.0 * points @ centroids.T
     chosen = np.argmin(scores, axis=1)
     best = scores[np.arange(len(points)), chosen]
-    return chosen, np.maximum(best + (points**2).sum(axis=1), 0.0)
+    return chosen, np.maximum(best + np.einsum("ij,ij->i", points, points), 0.0)
 
 
 def partial_sums(table: pa.Table, centroids: np.ndarray) -> pa.Table:
@@ -71,9 +71,9 @@ def partial_sums(table: pa.Table, centroids: np.ndarray) -> pa.Table:
     k, dims = centroids.shape
     points = table["x"].to_numpy().reshape(-1, dims)
     chosen, distance = nearest(points, centroids)
-    sums = np.stack(
-        [np.bincount(chosen, weights=points[:, j], minlength=k) for j in range(dims)], axis=1
-    ).reshape(k, dims)
+    member = np.zeros((len(points), k))  # one-hot: point i belongs to cluster chosen[i]
+    member[np.arange(len(points)), chosen] = 1.0
+    sums = member.T @ points
     counts = np.bincount(chosen, minlength=k)
     return pa.table(
         [cell(sums.ravel()), cell(counts.astype(np.int64)), pa.array([float(distance.sum())])],
@@ -128,13 +128,18 @@ def kmeans_body(k: int, dims: int, features: Sequence[str] | str, tol: float | N
 
     @itf.body
     def kmeans_step(model: DataFrame, points: DataFrame, ctx: itf.RoundContext) -> itf.Declaration:
-        centroids = model_centroids(model, dims)  # the input is materialized: a small read
-        partials = ctx.columnar(points, prepare).map(partial_sums, PARTIAL_SCHEMA, centroids)
-        new_model = partials.coalesce(1).mapInArrow(lloyd_step(centroids, loss), MODEL_SCHEMA)
+        centroids = model_centroids(model, dims)  # held on the driver: no Spark job
+        new_model = ctx.columnar(points, prepare).map(
+            partial_sums,
+            PARTIAL_SCHEMA,
+            centroids,
+            combine=lloyd_step(centroids, loss),
+            combine_schema=MODEL_SCHEMA,
+        )
         return itf.Declaration(
             feedback={"model": new_model},
             outputs={"model": new_model},
-            until=itf.converged(new_model.select("shift"), tol) if tol is not None else None,
+            until=itf.converged(model_field("shift"), tol) if tol is not None else None,
         )
 
     return kmeans_step
@@ -142,7 +147,7 @@ def kmeans_body(k: int, dims: int, features: Sequence[str] | str, tol: float | N
 
 def model_centroids(model: DataFrame, dims: int) -> np.ndarray:
     """The centroids in a one-row model DataFrame, as a ``(k, dims)`` array."""
-    return model.toArrow().column("centroids")[0].values.to_numpy().reshape(-1, dims)
+    return np.array(model_row(model)["centroids"], dtype=np.float64).reshape(-1, dims)
 
 
 @attrs.frozen

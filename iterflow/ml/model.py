@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from pyspark.sql import DataFrame, Row
 
 import iterflow as itf
 
@@ -18,6 +19,22 @@ def cell(values: np.ndarray) -> pa.ListArray:
     """One list cell holding ``values`` (a whole vector in one row)."""
     array = pa.array(values)
     return pa.ListArray.from_arrays(pa.array(np.array([0, len(array)], dtype=np.int32)), array)
+
+
+def model_row(model: DataFrame) -> Row:
+    """The one row of a model DataFrame. ``collect()``, not ``toArrow()``: iterflow holds a
+    small variable on the driver between rounds, and collecting it then runs no Spark job."""
+    return model.collect()[0]
+
+
+def model_field(column: str) -> Any:
+    """A convergence value read from ``column`` of this round's ``model`` variable: a
+    callable, so that it is read from the rows on the driver (no Spark job)."""
+
+    def value(end: itf.RoundEnd) -> float:
+        return float(model_row(end.variables["model"])[column])
+
+    return value
 
 
 class Fitted:

@@ -34,7 +34,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.ml.model import Fitted, MLError, cell
+from iterflow.ml.model import Fitted, MLError, cell, model_field, model_row
 
 MODEL_SCHEMA = "coefficients ARRAY<DOUBLE>, loss DOUBLE, change DOUBLE"
 PARTIAL_SCHEMA = "gradient ARRAY<DOUBLE>, loss DOUBLE, weight DOUBLE"
@@ -126,11 +126,15 @@ def descent_step(
             weight += float(np.sum(batch.column(2).to_numpy()))
         penalty = np.append(coefficients[:-1], 0.0)  # no penalty on the intercept
         total = max(weight, 1e-300)
-        loss = loss / total + 0.5 * reg * float(penalty @ penalty)
-        step = learning_rate * (gradient / total + reg * penalty)
+        # A diverging run overflows here; the NaN or infinite change it gives is reported
+        # as a DivergenceError naming the round, so numpy's warning would only be noise.
+        with np.errstate(over="ignore", invalid="ignore"):
+            loss = loss / total + 0.5 * reg * float(penalty @ penalty)
+            step = learning_rate * (gradient / total + reg * penalty)
+            change = float(np.linalg.norm(step))
         loss_gauge.set(loss)
         yield from pa.table(
-            [cell(coefficients - step), pa.array([loss]), pa.array([float(np.linalg.norm(step))])],
+            [cell(coefficients - step), pa.array([loss]), pa.array([change])],
             names=["coefficients", "loss", "change"],
         ).to_batches()
 
@@ -139,7 +143,7 @@ def descent_step(
 
 def coefficients_of(model: DataFrame) -> np.ndarray:
     """The coefficients (intercept last) in a one-row model DataFrame."""
-    return model.toArrow().column("coefficients")[0].values.to_numpy()
+    return np.array(model_row(model)["coefficients"], dtype=np.float64)
 
 
 def regression_body(
@@ -160,19 +164,22 @@ def regression_body(
     def gradient_descent(
         model: DataFrame, rows: DataFrame, ctx: itf.RoundContext
     ) -> itf.Declaration:
-        current = coefficients_of(model)  # the input is materialized: a small read
-        partials = ctx.columnar(rows, prepare).map(
-            kernel, PARTIAL_SCHEMA, current, fraction, seed, ctx.epoch, indexed=True
-        )
-        new_model = partials.coalesce(1).mapInArrow(
-            descent_step(current, learning_rate, reg, loss_gauge), MODEL_SCHEMA
+        current = coefficients_of(model)  # held on the driver: no Spark job
+        new_model = ctx.columnar(rows, prepare).map(
+            kernel,
+            PARTIAL_SCHEMA,
+            current,
+            fraction,
+            seed,
+            ctx.epoch,
+            indexed=True,
+            combine=descent_step(current, learning_rate, reg, loss_gauge),
+            combine_schema=MODEL_SCHEMA,
         )
         # tol=None still checks the step: a NaN or infinite step is a DivergenceError.
-        stop: itf.Condition = itf.converged(
-            new_model.select("change"), tol if tol is not None else 0.0
-        )
+        stop: itf.Condition = itf.converged(model_field("change"), tol if tol is not None else 0.0)
         if loss_tol is not None:
-            stop = stop | itf.converged(new_model.select("loss"), loss_tol)
+            stop = stop | itf.converged(model_field("loss"), loss_tol)
         return itf.Declaration(
             feedback={"model": new_model}, outputs={"model": new_model}, until=stop
         )
