@@ -141,12 +141,24 @@ def test_bad_input_is_named(spark):
         kmeans(points_frame(spark, [(0.0, float("nan")), (1.0, 1.0)]), 1, progress=False)
 
 
-def test_kmeans_demo_finds_the_centers(spark, capsys):
+def test_kmeans_demo_finds_the_centers_and_its_loss_plots(spark, capsys, tmp_path):
     from iterflow.cli import main
+    from iterflow.progress.events import read_events
+    from iterflow.progress.plot import plot_events
 
-    assert main(["demo", "kmeans", "--points", "3000", "--k", "3", "--dims", "2"]) == 0
+    log = tmp_path / "kmeans.jsonl"
+    args = ["demo", "kmeans", "--points", "3000", "--k", "3", "--dims", "2"]
+    assert main([*args, "--event-log", str(log)]) == 0
     out = capsys.readouterr().out
     assert "termination: converged" in out
+    # The loss gauge of every round is in the event log, and `iterflow plot` draws it.
+    (line,) = plot_events(read_events(log), metric="loss").axes[0].get_lines()
+    rounds, losses = list(line.get_xdata()), list(line.get_ydata())
+    assert rounds == [float(k) for k in range(len(rounds))] and len(rounds) >= 2
+    assert all(b <= a + 1e-9 for a, b in itertools.pairwise(losses))
+    png = tmp_path / "loss.png"
+    assert main(["plot", str(log), "--metric", "loss", "--output", str(png)]) == 0
+    assert png.stat().st_size > 0
     # Every centroid lies next to one of the true centers (blobs of spread 0.5).
     distances = [
         float(line.rsplit("(", 1)[1].rstrip(")"))
