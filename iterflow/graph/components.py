@@ -45,6 +45,7 @@ from iterflow.graph.vectors import (
     choose_method,
     edge_positions,
     list_cell,
+    vector_of,
     vertex_ids,
 )
 
@@ -196,7 +197,7 @@ def vector_components_body(ids: pa.Array, messages: Any, active: Any) -> itf.Ite
     def components_vector(
         labels: DataFrame, edges: DataFrame, ctx: itf.RoundContext
     ) -> itf.Declaration:
-        current = cell_values(labels.toArrow().column("label"))  # the input: materialized
+        current = vector_of(labels, "label", len(ids))  # held on the driver after round 0
         new_labels = ctx.columnar(edges, prepare).map(
             local_joins,
             JOINS_SCHEMA,

@@ -34,6 +34,7 @@ from iterflow.graph.vectors import (
     choose_method,
     edge_positions,
     list_cell,
+    vector_of,
     vertex_ids,
 )
 
@@ -191,6 +192,13 @@ def next_ranks(alpha: float, ranks: np.ndarray, teleport: np.ndarray) -> Callabl
     return finish
 
 
+def change(end: itf.RoundEnd) -> float:
+    """The L1 change of the round, read from the rank vector variable. A callable rather
+    than a DataFrame: iterflow holds the one-row vector on the driver, so reading it
+    runs no Spark job (and the combine step can run on the driver)."""
+    return float(end.variables["ranks"].select("delta").collect()[0][0])
+
+
 def vector_body(
     ids: pa.Array, teleport: np.ndarray, alpha: float, tol: float | None
 ) -> itf.IterationBody:
@@ -205,7 +213,7 @@ def vector_body(
     def pagerank_vector(
         ranks: DataFrame, edges: DataFrame, ctx: itf.RoundContext
     ) -> itf.Declaration:
-        current = cell_values(ranks.toArrow().column("rank"))  # the input: materialized
+        current = vector_of(ranks, "rank", len(ids))  # held on the driver after round 0
         files = ctx.columnar(edges, prepare)
         new_ranks = files.map(
             contributions,
@@ -218,7 +226,7 @@ def vector_body(
         return itf.Declaration(
             feedback={"ranks": new_ranks},
             outputs={"ranks": new_ranks},
-            until=itf.converged(new_ranks.select("delta"), tol) if tol is not None else None,
+            until=itf.converged(change, tol) if tol is not None else None,
         )
 
     return pagerank_vector

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql import DataFrame
 
 from iterflow.graph.model import Graph, GraphError
 
@@ -49,6 +50,18 @@ def list_cell(values: Any) -> pa.ListArray:
     """One list cell holding ``values`` (a whole vector in one row)."""
     array = pa.array(values)
     return pa.ListArray.from_arrays(pa.array(np.array([0, len(array)], dtype=np.int32)), array)
+
+
+#: Up to this many elements, a vector held on the driver is read with ``collect()`` (no
+#: Spark job); a longer one with ``toArrow()`` (one job, but no Python list of its values).
+COLLECT_LIMIT = 1_000_000
+
+
+def vector_of(df: DataFrame, column: str, length: int) -> np.ndarray:
+    """The vector in ``column`` of the one-row DataFrame ``df`` (a vertex-state variable)."""
+    if length <= COLLECT_LIMIT and df.isLocal():
+        return np.asarray(df.select(column).collect()[0][0])
+    return cell_values(df.select(column).toArrow().column(column))
 
 
 def cell_values(column: Any, row: int = 0) -> np.ndarray:
