@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from iterflow.errors import IterflowError, IterflowValueError
+from iterflow.errors import IterflowError
 from iterflow.progress.events import round_ends
-from iterflow.progress.report import ending, round_values
+from iterflow.progress.report import ending, metric_points, round_values
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -39,15 +39,7 @@ def plot_events(
         raise IterflowError("plotting needs matplotlib: pip install iterflow[plot]") from None
     name = metric or "converged_value"
     rounds = [(e["epoch"], round_values(e)) for e in round_ends(events)]
-    points = [(epoch, values[name]) for epoch, values in rounds if values.get(name) is not None]
-    if not points:
-        available = sorted(
-            {key for _, values in rounds for key, value in values.items() if value is not None}
-        )
-        raise IterflowValueError(
-            f"no round of this run has a value for '{name}'; choose a metric from: "
-            f"{', '.join(available) or 'none (the run has no round_end event)'}"
-        )
+    points = metric_points(rounds, name)
     started = next((e for e in events if e["event"] == "iteration_started"), {})
     figure = Figure(figsize=(8, 4.5), layout="constrained")
     FigureCanvasAgg(figure)

@@ -13,6 +13,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from iterflow.errors import IterflowValueError
 from iterflow.progress.events import round_ends
 
 #: Round table headers for the RoundProgress fields; other columns keep their name.
@@ -51,6 +52,23 @@ def round_values(event: Mapping[str, Any]) -> dict[str, Any]:
     for name, value in (event.get("metrics") or {}).items():
         values.setdefault(name, value.get("mean") if isinstance(value, dict) else value)
     return values
+
+
+def metric_points(
+    rounds: Sequence[tuple[int, Mapping[str, Any]]], name: str
+) -> list[tuple[int, Any]]:
+    """``(epoch, value)`` of the rounds (epoch, :func:`round_values`) that have a value of
+    ``name``; none is an error that lists the names the rounds do have."""
+    points = [(epoch, values[name]) for epoch, values in rounds if values.get(name) is not None]
+    if not points:
+        available = sorted(
+            {key for _, values in rounds for key, value in values.items() if value is not None}
+        )
+        raise IterflowValueError(
+            f"no round of this run has a value for '{name}'; choose a metric from: "
+            f"{', '.join(available) or 'none (the run has no round_end event)'}"
+        )
+    return points
 
 
 def format_report(events: Sequence[Mapping[str, Any]]) -> str:
