@@ -1,4 +1,5 @@
-"""The ``iterflow`` command: ``demo pagerank|kmeans|online-kmeans``, ``report``, ``plot``."""
+"""The ``iterflow`` command: ``demo pagerank|kmeans|online-kmeans``, ``report``, ``plot``,
+``converge``."""
 
 from __future__ import annotations
 
@@ -160,7 +161,82 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plot.add_argument("--log-y", action="store_true", help="logarithmic y axis")
     plot.set_defaults(run=run_plot)
+
+    converge = commands.add_parser(
+        "converge",
+        help="run convergence cases against their reference answers",
+        description="Run convergence cases (the built-in ones, or those of the given modules), "
+        "print a table (case, rounds, termination, final error vs reference, observed rate, "
+        "seconds) and exit non-zero when a case fails.",
+    )
+    converge.add_argument(
+        "modules",
+        metavar="MODULE",
+        nargs="*",
+        help="importable modules holding ConvergenceCase objects or a CASES list "
+        "(default: iterflow.testing.builtin)",
+    )
+    converge.add_argument(
+        "--case", dest="cases", action="append", default=[], help="run only this case (repeat)"
+    )
+    converge.add_argument("--report", metavar="FILE", default=None, help="write a JSON report")
+    converge.add_argument(
+        "--plot", metavar="FILE", default=None, help="draw the error per round (.png, .svg)"
+    )
+    converge.add_argument("--list", action="store_true", help="list the cases and exit")
+    converge.add_argument(
+        "--master", default="local[2]", help="Spark master of the embedded session (local[2])"
+    )
+    converge.set_defaults(run=run_converge)
     return parser
+
+
+def run_converge(args: argparse.Namespace) -> int:
+    import os
+
+    from iterflow.testing.cases import (
+        format_table,
+        load_cases,
+        plot_reports,
+        run_cases,
+        select,
+        write_report,
+    )
+
+    found = [
+        c for module in args.modules or ["iterflow.testing.builtin"] for c in load_cases(module)
+    ]
+    cases = select(found, args.cases)
+    if args.list:
+        for case in cases:
+            print(f"{case.name}: {case.description}" if case.description else case.name)
+        return 0
+    from pyspark.sql import SparkSession
+
+    from iterflow.runtime.session import embedded_session
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Inside a process that has a session already (a test), use it as it is.
+    spark = SparkSession.getActiveSession() or embedded_session(
+        args.master,
+        app_name="iterflow-converge",
+        conf={"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"},
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    print(f"iterflow converge: {len(cases)} case(s) on {spark.sparkContext.master}", flush=True)
+
+    def progress(report: object) -> None:
+        print(f"  {getattr(report, 'name', '?')}: done", flush=True)
+
+    reports = run_cases(cases, spark, on_report=progress)
+    print(format_table(reports))
+    if args.report:
+        write_report(reports, args.report)
+        print(f"report: {args.report}")
+    if args.plot:
+        plot_reports(reports).savefig(args.plot)
+        print(f"plot: {args.plot}")
+    return 0 if all(r.passed for r in reports) else 1
 
 
 def run_pagerank_demo(args: argparse.Namespace) -> int:

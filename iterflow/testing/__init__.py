@@ -1,0 +1,40 @@
+"""Testing iterative algorithms: assertions with evidence, convergence cases, a pytest plugin.
+
+- Assertions about a run (an ``IterationResult``, a fitted ``iterflow.ml`` model
+  or an ``IterationEnd``): :func:`assert_converges`, :func:`assert_terminated_by`,
+  :func:`assert_monotone`, :func:`assert_rate`; and about a result DataFrame:
+  :func:`assert_frame_close`.
+- :class:`ConvergenceCase` and :func:`run_cases`, which ``iterflow converge`` runs.
+- The pytest plugin (``iterflow.testing.plugin``, registered on install): a
+  session-scoped ``spark`` fixture and the ``spark`` and ``slow_spark`` markers.
+
+See docs/testing.md.
+"""
+
+from iterflow.testing.assertions import (
+    ConvergenceAssertionError,
+    assert_converges,
+    assert_frame_close,
+    assert_monotone,
+    assert_rate,
+    assert_terminated_by,
+    metric_values,
+    observed_rate,
+)
+from iterflow.testing.cases import CaseReport, ConvergenceCase, load_cases, run_case, run_cases
+
+__all__ = [
+    "CaseReport",
+    "ConvergenceAssertionError",
+    "ConvergenceCase",
+    "assert_converges",
+    "assert_frame_close",
+    "assert_monotone",
+    "assert_rate",
+    "assert_terminated_by",
+    "load_cases",
+    "metric_values",
+    "observed_rate",
+    "run_case",
+    "run_cases",
+]
