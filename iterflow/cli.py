@@ -7,6 +7,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import iterflow as itf
 from iterflow.progress.events import read_events
@@ -43,6 +44,47 @@ def _add_log_arguments(command: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_session_arguments(command: argparse.ArgumentParser) -> None:
+    """Where a demo runs: an embedded session on ``--master``, or a Spark Connect server."""
+    where = command.add_mutually_exclusive_group()
+    where.add_argument(
+        "--master", default=None, help="Spark master URL (default: active session or local[*])"
+    )
+    where.add_argument(
+        "--remote",
+        metavar="URL",
+        default=None,
+        help="a Spark Connect server, e.g. sc://host:15002 (needs iterflow[connect])",
+    )
+
+
+def _session(args: argparse.Namespace) -> Any:
+    """The demo's session: ``--remote`` (Spark Connect), ``--master``, or the active one."""
+    if args.remote:
+        from pyspark.sql import SparkSession
+
+        try:
+            return SparkSession.builder.remote(args.remote).getOrCreate()
+        except ImportError as error:
+            raise itf.IterflowError(
+                f"--remote needs Spark Connect's client libraries ({error}): "
+                "pip install iterflow[connect]"
+            ) from None
+    from iterflow.runtime.session import embedded_session
+
+    spark = embedded_session(args.master) if args.master else itf.session()
+    spark.sparkContext.setLogLevel("ERROR")  # keep the demo's own lines readable
+    return spark
+
+
+def _where(spark: Any) -> str:
+    """``master local[2]``, or ``Spark Connect`` for a remote session."""
+    try:
+        return f"master {spark.sparkContext.master}"
+    except Exception:  # a Spark Connect session has no SparkContext
+        return "Spark Connect"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="iterflow", description="Bounded and unbounded iterations on Apache Spark."
@@ -68,9 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     pagerank.add_argument("--max-rounds", type=_positive, default=100)
     pagerank.add_argument("--seed", type=int, default=1)
     pagerank.add_argument("--top", type=_positive, default=10, help="how many vertices to print")
-    pagerank.add_argument(
-        "--master", default=None, help="Spark master URL (default: active session or local[*])"
-    )
+    _add_session_arguments(pagerank)
     pagerank.add_argument(
         "--event-log", metavar="PATH", default=None, help="append the run's events (JSON lines)"
     )
@@ -89,9 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--tol", type=float, default=1e-6, help="largest centroid move to stop at")
     batch.add_argument("--max-rounds", type=_positive, default=50)
     batch.add_argument("--seed", type=int, default=1)
-    batch.add_argument(
-        "--master", default=None, help="Spark master URL (default: active session or local[*])"
-    )
+    _add_session_arguments(batch)
     batch.add_argument(
         "--event-log", metavar="PATH", default=None, help="append the run's events (JSON lines)"
     )
@@ -121,9 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="pause between two files (default 0.2)",
     )
     kmeans.add_argument("--seed", type=int, default=1)
-    kmeans.add_argument(
-        "--master", default=None, help="Spark master URL (default: active session or local[*])"
-    )
+    _add_session_arguments(kmeans)
     kmeans.add_argument(
         "--event-log", metavar="PATH", default=None, help="append the run's events (JSON lines)"
     )
@@ -243,14 +279,12 @@ def run_pagerank_demo(args: argparse.Namespace) -> int:
     from pyspark.sql import functions as F
 
     from iterflow.demo.pagerank import pagerank, random_graph
-    from iterflow.runtime.session import embedded_session
 
-    spark = embedded_session(args.master) if args.master else itf.session()
-    spark.sparkContext.setLogLevel("ERROR")  # keep the demo's own lines readable
+    spark = _session(args)
     edges_wanted = args.edges or 10 * args.vertices
     print(
         f"iterflow demo pagerank: {args.vertices} vertices, ~{edges_wanted} edges, "
-        f"master {spark.sparkContext.master}"
+        f"on {_where(spark)}"
     )
     vertices, edges = random_graph(spark, args.vertices, edges_wanted, seed=args.seed)
     edges = edges.cache()
@@ -296,16 +330,14 @@ def run_kmeans_demo(args: argparse.Namespace) -> int:
 
     from iterflow.demo.online_kmeans import blobs
     from iterflow.ml import kmeans
-    from iterflow.runtime.session import embedded_session
 
-    spark = embedded_session(args.master) if args.master else itf.session()
-    spark.sparkContext.setLogLevel("ERROR")  # keep the demo's own lines readable
+    spark = _session(args)
     rng = np.random.default_rng(args.seed)
     centers = rng.uniform(-10.0, 10.0, size=(args.k, args.dims))
     points = blobs(rng, args.points, centers)
     print(
         f"iterflow demo kmeans: {args.points} points, k={args.k}, {args.dims} dimensions, "
-        f"master {spark.sparkContext.master}"
+        f"on {_where(spark)}"
     )
     offsets = pa.array(np.arange(args.points + 1, dtype=np.int32) * args.dims)
     column = pa.ListArray.from_arrays(offsets, pa.array(points.ravel()))
@@ -344,14 +376,12 @@ def run_kmeans_demo(args: argparse.Namespace) -> int:
 
 def run_online_kmeans_demo(args: argparse.Namespace) -> int:
     from iterflow.demo.online_kmeans import run_online_kmeans
-    from iterflow.runtime.session import embedded_session
 
-    spark = embedded_session(args.master) if args.master else itf.session()
-    spark.sparkContext.setLogLevel("ERROR")  # keep the demo's own lines readable
+    spark = _session(args)
     print(
         f"iterflow demo online-kmeans: k={args.k}, {args.dims} dimensions, {args.files} files "
         f"of {args.points_per_file} points, decay {args.decay:g}, "
-        f"master {spark.sparkContext.master}",
+        f"on {_where(spark)}",
         flush=True,
     )
     run = run_online_kmeans(
