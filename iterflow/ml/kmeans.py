@@ -239,7 +239,11 @@ def kmeans(
             )
         columns = [features] if isinstance(features, str) else list(features)
         wanted = k if init == "random" else max(k, SEEDING_SAMPLE)
-        drawn = df.select(*columns).rdd.takeSample(False, wanted, seed)
+        chosen = df.select(*columns)
+        if hasattr(chosen, "_jdf"):  # a classic DataFrame
+            drawn = chosen.rdd.takeSample(False, wanted, seed)
+        else:  # Spark Connect has no RDDs: a seeded shuffle, then the first rows
+            drawn = chosen.orderBy(F.rand(seed)).limit(wanted).collect()
         if not drawn:
             raise MLError("kmeans() needs at least one point")
         rows = [r[0] if isinstance(features, str) else list(r) for r in drawn]

@@ -94,7 +94,29 @@ def _set_field(target: Any, name: str, value: Any) -> None:
 def observation_ready(observation: Observation) -> bool:
     """Whether Spark has delivered ``observation`` (``get`` would not block)."""
     handle: Any = getattr(observation, "_jo", None)
-    return handle is not None and bool(handle.future().isCompleted())
+    if handle is None:  # a Spark Connect Observation: filled in by deliver_observations
+        return bool(getattr(observation, "_result", None)) or (
+            getattr(observation, "_error", None) is not None
+        )
+    return bool(handle.future().isCompleted())
+
+
+def deliver_observations(df: DataFrame) -> None:
+    """After a command on the Spark Connect DataFrame ``df`` (such as ``localCheckpoint``),
+    hand its observed metrics to the plan's ``Observation`` objects.
+
+    PySpark's Connect client fills Observations in on ``collect()``, but not after
+    ``localCheckpoint``; the server sends the metrics all the same, and they are in
+    ``df.executionInfo.flows``. A classic DataFrame needs nothing: the JVM delivers them.
+    """
+    if hasattr(df, "_jdf"):
+        return
+    info = getattr(df, "executionInfo", None)
+    observations = getattr(getattr(df, "_plan", None), "observations", None) or {}
+    for name, values in getattr(info, "flows", None) or []:
+        target = observations.get(name)
+        if target is not None and getattr(target, "_result", None) is not None:
+            target._result.update(values)
 
 
 def persistent_rdd_ids(spark: SparkSession) -> list[int]:

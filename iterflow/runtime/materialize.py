@@ -26,6 +26,7 @@ from pyspark.sql.types import StructType
 from iterflow.errors import IterflowValueError
 from iterflow.runtime.columnar import combined_on_driver
 from iterflow.runtime.jvm import (
+    deliver_observations,
     observation_ready,
     release_local_checkpoint,
     set_checkpoint_statistics,
@@ -122,7 +123,9 @@ def materialize(
                 tables[id(df)] = table
                 continue
             observation = unique_observation("rows")
-            frames[id(df)] = observe_rows(df, observation).localCheckpoint(eager=True)
+            observed = observe_rows(df, observation)
+            frames[id(df)] = observed.localCheckpoint(eager=True)
+            deliver_observations(observed)
             rows[id(df)] = int(observation.get["rows"])
             set_checkpoint_statistics(frames[id(df)], rows[id(df)])
         empty = {id(df): (rows[id(df)] == 0 if id(df) in rows else df.isEmpty()) for df in criteria}
