@@ -1,0 +1,126 @@
+"""Bounded iterations, iterflow.ml and iterflow.testing on a Spark Connect session
+(``remote("local[2]")``: a Connect server in this process, the client talking to it
+over gRPC); prints the results as one JSON line. Run by tests/test_connect.py in its own
+process."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+import iterflow as itf
+from iterflow.ml import kmeans, linear_regression
+from iterflow.testing import assert_converges, assert_frame_close
+
+
+def halving(spark: SparkSession, rows: int) -> dict:  # type: ignore[type-arg]
+    """v -> v / 2 over ``rows`` rows until max(v) <= 0.01, with a step observed."""
+    seen: list[float] = []
+    driver_counter = itf.metrics.counter("rounds_seen")
+
+    @itf.body
+    def halve(x: DataFrame, ctx: itf.RoundContext) -> itf.Declaration:
+        half = ctx.observe("halved", x.select("i", (F.col("v") / 2).alias("v")))
+        return itf.Declaration(
+            feedback={"x": half},
+            outputs={"x": half},
+            until=itf.converged(half.agg(F.max("v")), 0.01),
+        )
+
+    def listen(end: itf.RoundEnd) -> None:
+        driver_counter.inc()
+        seen.append(end.progress.converged_value)
+
+    start = spark.range(rows).select(F.col("id").alias("i"), F.lit(1.0).alias("v"))
+    result = itf.BoundedIteration(halve).bind("x", start).listen(listen).run(progress=False)
+    assert_converges(result, tol=0.01, within=7)
+    assert_frame_close(result.outputs["x"], [{"i": i, "v": 2.0**-7} for i in range(rows)], key="i")
+    return {
+        "rounds": result.rounds,
+        "reason": result.termination.reason,
+        "rows": [p.rows["x"] for p in result.history],
+        "observed": [p.observed["halved"] for p in result.history],
+        "converged": seen,
+        "rounds_seen": result.metrics["rounds_seen"].committed,
+        "session": type(result.outputs["x"].sparkSession).__module__,
+    }
+
+
+def criteria(spark: SparkSession) -> dict:  # type: ignore[type-arg]
+    """Count down 5 rows: the criteria (rows still above 0) empties after 5 rounds."""
+
+    @itf.body
+    def count_down(x: DataFrame) -> itf.Declaration:
+        following = x.select((F.col("n") - 1).alias("n")).where("n >= 0")
+        return itf.Declaration(feedback={"x": following}, until=itf.empty(following.where("n > 0")))
+
+    start = spark.createDataFrame([(k,) for k in range(1, 6)], "n long")
+    result = itf.BoundedIteration(count_down).bind("x", start).until(itf.max_rounds(20)).run()
+    return {"rounds": result.rounds, "reason": result.termination.reason}
+
+
+def checkpoint_refused(spark: SparkSession, directory: str) -> str:
+    @itf.body
+    def same(x: DataFrame) -> itf.Declaration:
+        return itf.Declaration(feedback={"x": x})
+
+    try:
+        itf.BoundedIteration(same).bind("x", spark.range(3)).until(itf.max_rounds(2)).run(
+            checkpoint_dir=directory, progress=False
+        )
+    except itf.IterflowError as error:
+        return str(error)
+    return ""
+
+
+def main(directory: str) -> None:
+    # PySpark's in-process Connect server: it listens on port 15002, where its client
+    # connects (the test checks first that no other server holds the port).
+    spark = SparkSession.builder.remote("local[2]").getOrCreate()
+    spark.conf.set("spark.sql.shuffle.partitions", "4")
+    rng = np.random.default_rng(5)
+    points = np.concatenate([rng.normal(c, 0.3, (100, 2)) for c in ([0, 0], [5, 0], [0, 5])])
+    frame = spark.createDataFrame(pa.table({"x": points[:, 0], "y": points[:, 1]}))
+    model = kmeans(
+        frame,
+        3,
+        features=["x", "y"],
+        init=points[[0, 100, 200]],
+        tol=None,
+        max_rounds=5,
+        progress=False,
+    )
+    seeded = kmeans(frame, 3, features=["x", "y"], seed=3, progress=False)
+    x = rng.normal(size=(200, 2))
+    y = x @ np.array([1.5, -0.5]) + 0.25
+    rows = spark.createDataFrame(pa.table({"x0": x[:, 0], "x1": x[:, 1], "label": y}))
+    fit = linear_regression(
+        rows, features=["x0", "x1"], learning_rate=0.9, tol=1e-10, max_rounds=300, progress=False
+    )
+    print(
+        json.dumps(
+            {
+                "small": halving(spark, 10),  # held on the driver
+                "large": halving(spark, 3000),  # local checkpoints on the server
+                "criteria": criteria(spark),
+                "kmeans": model.centroids.tolist(),
+                "kmeans_seeded": sorted(np.round(seeded.centroids).tolist()),
+                "coefficients": [*fit.coefficients.tolist(), fit.intercept],
+                "checkpoint_error": checkpoint_refused(spark, directory),
+            }
+        )
+    )
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

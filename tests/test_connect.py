@@ -1,0 +1,71 @@
+"""iterflow on a Spark Connect session: bounded iterations (lineage cut by local
+checkpoints on the server, rows counted by observations, ctx.observe, convergence,
+criteria, listeners, driver-side metrics), iterflow.ml and iterflow.testing give what
+they give on a classic session; durable checkpoints are refused with a clear error."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from test_ml_kmeans import numpy_lloyd
+
+pytestmark = pytest.mark.spark
+
+JOB = Path(__file__).with_name("connect_job.py")
+
+
+@pytest.fixture(scope="module")
+def connect_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("0.0.0.0", 15002))
+        except OSError:
+            pytest.fail("port 15002, where PySpark's local Connect server listens, is taken")
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    directory = tmp_path_factory.mktemp("checkpoints")
+    done = subprocess.run(
+        [sys.executable, str(JOB), str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_a_bounded_iteration_runs_as_on_a_classic_session(
+    connect_run: dict[str, Any], size: str
+) -> None:
+    run = connect_run[size]
+    rows = 10 if size == "small" else 3000
+    assert "connect" in run["session"]
+    assert run["rounds"] == 7 and run["reason"] == "converged"  # 2**-7 <= 0.01
+    assert run["rows"] == [rows] * 7  # counted by the observation on the checkpoint
+    assert run["observed"] == [rows] * 7  # ctx.observe, delivered over Connect
+    assert run["converged"] == [2.0**-k for k in range(1, 8)]
+    assert run["rounds_seen"] == 7  # a metric updated on the driver, from a listener
+
+
+def test_criteria_ml_and_the_refused_checkpoint(connect_run: dict[str, Any]) -> None:
+    assert connect_run["criteria"] == {"rounds": 5, "reason": "criteria_empty"}
+    rng = np.random.default_rng(5)
+    points = np.concatenate([rng.normal(c, 0.3, (100, 2)) for c in ([0, 0], [5, 0], [0, 5])])
+    expected = numpy_lloyd(points, points[[0, 100, 200]], 5)[-1]
+    np.testing.assert_allclose(connect_run["kmeans"], expected, atol=1e-9)
+    # k-means++ seeding samples without RDDs over Connect and still finds the three blobs.
+    assert connect_run["kmeans_seeded"] == [[0.0, 0.0], [0.0, 5.0], [5.0, 0.0]]
+    x = rng.normal(size=(200, 2))
+    y = x @ np.array([1.5, -0.5]) + 0.25
+    solution = np.linalg.lstsq(np.column_stack([x, np.ones(200)]), y, rcond=None)[0]
+    np.testing.assert_allclose(connect_run["coefficients"], solution, atol=1e-6)
+    assert "checkpoint_dir needs a classic SparkSession" in connect_run["checkpoint_error"]
