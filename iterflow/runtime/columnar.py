@@ -127,6 +127,38 @@ def _arrow_type(data_type: Any) -> pa.DataType:
     return to_arrow_type(data_type)
 
 
+#: Arrow schemas of the DDL strings kernels declared, parsed once per process.
+_DECLARED: dict[str, pa.Schema] = {}
+
+
+def _declared_arrow_schema(spark: SparkSession, schema: StructType | str) -> pa.Schema:
+    """The Arrow schema Spark expects from a kernel declared with ``schema``."""
+    if isinstance(schema, str):
+        if schema not in _DECLARED:
+            # Parsing a DDL string runs no job (over Spark Connect, one analysis call).
+            _DECLARED[schema] = _declared_arrow_schema(
+                spark, spark.createDataFrame([], schema).schema
+            )
+        return _DECLARED[schema]
+    return pa.schema([(f.name, _arrow_type(f.dataType)) for f in schema.fields])
+
+
+def _conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
+    """``batch`` with the column types Spark expects. numpy picks types by value, not by
+    declaration (an empty ``np.bincount`` is int64 even with float weights), and Spark
+    reads a mistyped Arrow column with the declared type's accessor, failing or worse."""
+    if batch.num_columns != len(target) or batch.schema.types == target.types:
+        return batch  # a wrong column count is Spark's to report
+    try:
+        columns = [column.cast(kind) for column, kind in zip(batch.columns, target.types)]
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+        raise IterflowTypeError(
+            f"a kernel returned columns {batch.schema.types} where {target.types} were "
+            f"declared: {error}"
+        ) from error
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
+
+
 def _with_file_column(schema: StructType | str) -> StructType | str:
     if isinstance(schema, str):
         return f"{schema}, {FILE_COLUMN} INT"
@@ -211,8 +243,7 @@ class ColumnarData:
             os.makedirs(path, exist_ok=True)
         else:
             fs.create_dir(path, recursive=True)
-        schema = pa.schema([(f.name, _arrow_type(f.dataType)) for f in df.schema.fields])
-        write = _writer(folder, prepare, schema)
+        write = _writer(folder, prepare, _declared_arrow_schema(spark, df.schema))
         written = df.mapInArrow(write, "location STRING, rows LONG").collect()
         return cls(spark, [r["location"] for r in written], sum(r["rows"] for r in written), folder)
 
@@ -249,6 +280,7 @@ class ColumnarData:
             raise IterflowTypeError("map(combine=...) needs combine_schema= as well")
         locations = self.locations
         numbered = combine is not None
+        declared = _declared_arrow_schema(self.spark, schema)
 
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for batch in batches:
@@ -256,6 +288,7 @@ class ColumnarData:
                     table = _open(locations[index])
                     result = kernel(index, table, *args) if indexed else kernel(table, *args)
                     for out in _batches(result):
+                        out = _conform(out, declared)
                         if numbered:
                             files = pa.array([index] * out.num_rows, pa.int32())
                             out = out.append_column(FILE_COLUMN, files)
