@@ -150,7 +150,8 @@ def _conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
     if batch.num_columns != len(target) or batch.schema.types == target.types:
         return batch  # a wrong column count is Spark's to report
     try:
-        columns = [column.cast(kind) for column, kind in zip(batch.columns, target.types)]
+        pairs = zip(batch.columns, target.types, strict=True)
+        columns = [column.cast(kind) for column, kind in pairs]
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
         raise IterflowTypeError(
             f"a kernel returned columns {batch.schema.types} where {target.types} were "

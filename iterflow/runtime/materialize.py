@@ -106,7 +106,11 @@ def materialize(
     target_ids = {id(df) for df in distinct}
     extra_criteria = [df for df in criteria if id(df) not in target_ids]
     shared = len(distinct) > 1 or bool(extra_criteria) or bool(values)
-    owned = [df for df in distinct if shared and persist_owned(df)]
+    # Over Spark Connect the checkpoint's statistics cannot be set afterwards (no JVM
+    # handle); checkpointing a persisted DataFrame gives them from the cache, which the
+    # same job fills: its real size, not an estimate compounded round after round.
+    connect = {id(df) for df in distinct if id(df) not in on_driver and not hasattr(df, "_jdf")}
+    owned = [df for df in distinct if (shared or id(df) in connect) and persist_owned(df)]
     try:
         frames: dict[int, DataFrame] = {}
         rows: dict[int, int] = {}
