@@ -73,8 +73,18 @@ def _session(args: argparse.Namespace) -> Any:
     from iterflow.runtime.session import embedded_session
 
     spark = embedded_session(args.master) if args.master else itf.session()
-    spark.sparkContext.setLogLevel("ERROR")  # keep the demo's own lines readable
+    _quiet(spark)
     return spark
+
+
+def _quiet(spark: Any) -> None:
+    """Keep the command's own lines readable: Spark logs errors only (classic sessions;
+    a Spark Connect server keeps its own log level)."""
+    from iterflow.runtime.session import spark_context
+
+    context = spark_context(spark)
+    if context is not None:
+        context.setLogLevel("ERROR")
 
 
 def _where(spark: Any) -> str:
@@ -258,8 +268,8 @@ def run_converge(args: argparse.Namespace) -> int:
         app_name="iterflow-converge",
         conf={"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"},
     )
-    spark.sparkContext.setLogLevel("ERROR")
-    print(f"iterflow converge: {len(cases)} case(s) on {spark.sparkContext.master}", flush=True)
+    _quiet(spark)
+    print(f"iterflow converge: {len(cases)} case(s) on {_where(spark)}", flush=True)
 
     def progress(report: object) -> None:
         print(f"  {getattr(report, 'name', '?')}: done", flush=True)

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from sessions import jobs_started
 
 import iterflow as itf
 from iterflow.runtime.rounds import DRIVER_ROWS_CONF
@@ -220,6 +221,7 @@ def _counted_source(spark: SparkSession) -> tuple[DataFrame, Any]:
     return spark.range(100, numPartitions=2).select(touched("id").alias("x")), evaluated
 
 
+@pytest.mark.spark_classic("counts evaluations with an accumulator, which Connect lacks")
 @pytest.mark.parametrize(("replay", "evaluations"), [(False, 100), (True, 300)])
 def test_data_input_is_evaluated_once_or_once_per_round_with_replay(
     spark: SparkSession, counter: DataFrame, replay: bool, evaluations: int
@@ -244,6 +246,7 @@ def test_data_input_is_evaluated_once_or_once_per_round_with_replay(
     assert source.storageLevel.useMemory is False  # released at the end either way
 
 
+@pytest.mark.spark_classic("counts evaluations with an accumulator, which Connect lacks")
 def test_each_declared_dataframe_is_evaluated_once_per_round(
     spark: SparkSession, counter: DataFrame
 ) -> None:
@@ -390,10 +393,6 @@ def test_rows_bound_without_a_dataframe_use_the_inputs_session(
     assert itf.session() is spark  # the active session, not a new embedded one
 
 
-def _job_count(spark: SparkSession) -> int:
-    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
-
-
 def test_small_variables_are_held_on_the_driver_after_the_first_round(
     spark: SparkSession,
 ) -> None:
@@ -411,9 +410,9 @@ def test_small_variables_are_held_on_the_driver_after_the_first_round(
     def check(ctx: itf.RoundEnd) -> None:
         for name in seen:
             seen[name].append(ctx.variables[name].isLocal())
-        before = _job_count(spark)
+        before = jobs_started(spark)
         ctx.variables["small"].collect()
-        jobs_to_read.append(_job_count(spark) - before)
+        jobs_to_read.append(jobs_started(spark) - before)
 
     def run() -> itf.IterationResult:
         return (

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -69,3 +70,37 @@ def test_criteria_ml_and_the_refused_checkpoint(connect_run: dict[str, Any]) -> 
     solution = np.linalg.lstsq(np.column_stack([x, np.ones(200)]), y, rcond=None)[0]
     np.testing.assert_allclose(connect_run["coefficients"], solution, atol=1e-6)
     assert "checkpoint_dir needs a classic SparkSession" in connect_run["checkpoint_error"]
+
+
+#: The foundation's core semantics tests, run again with the `spark` fixture a Spark
+#: Connect session (iterflow's pytest plugin, --iterflow-remote).
+CORE = [
+    "test_bounded_semantics.py",
+    "test_termination.py",
+    "test_lineage.py",
+    "test_errors.py",
+    "test_pagerank.py",
+]
+
+
+def test_the_core_semantics_tests_pass_on_a_connect_session(connect_run: dict[str, Any]) -> None:
+    """The same test functions as on the classic session; only the three that count
+    evaluations with an accumulator (Connect has none) are skipped, by their marker."""
+    here = Path(__file__).parent
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs"),
+            *("--iterflow-remote", "local[2]", *(str(here / name) for name in CORE)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env=env,
+        cwd=here.parent,
+    )
+    summary = done.stdout.strip().splitlines()[-1]
+    assert done.returncode == 0, done.stdout[-6000:]
+    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|skipped|failed)", summary)}
+    assert counts.get("passed", 0) >= 56 and counts.get("skipped") == 3, summary
+    assert done.stdout.count("needs a classic session: counts evaluations with an accumulator") == 2

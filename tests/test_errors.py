@@ -8,6 +8,7 @@ from contextlib import contextmanager
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from sessions import jobs_started, persisted_rdds
 
 import iterflow as itf
 
@@ -26,20 +27,10 @@ def edges(spark: SparkSession) -> DataFrame:
 
 @contextmanager
 def no_spark_job(spark: SparkSession) -> Iterator[None]:
-    """Asserts that the block ran no Spark job (in the job group it sets)."""
-    group = "iterflow-test-no-job"
-    spark.sparkContext.setJobGroup(group, "must stay empty")
-    try:
-        yield
-    finally:
-        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-    assert list(spark.sparkContext.statusTracker().getJobIdsForGroup(group)) == []
-
-
-def persisted(spark: SparkSession) -> dict[int, str]:
-    """Persisted RDDs of the session: id -> description."""
-    rdds = spark.sparkContext._jsc.getPersistentRDDs()
-    return {int(k): str(rdds.get(k)) for k in rdds.keySet().toArray()}
+    """Asserts that the block started no Spark job."""
+    before = jobs_started(spark)
+    yield
+    assert jobs_started(spark) == before
 
 
 @itf.body
@@ -261,7 +252,7 @@ def test_body_with_star_args_is_rejected() -> None:
 def test_failed_run_releases_what_it_persisted(
     spark: SparkSession, ranks: DataFrame, edges: DataFrame
 ) -> None:
-    before = persisted(spark)
+    before = persisted_rdds(spark)
 
     def boom(ctx: itf.RoundEnd) -> None:
         if ctx.epoch == 2:
@@ -271,7 +262,7 @@ def test_failed_run_releases_what_it_persisted(
         itf.BoundedIteration(step).bind("ranks", ranks).bind("edges", edges).until(
             itf.max_rounds(5)
         ).listen(boom).run()
-    leaked = {k: v for k, v in persisted(spark).items() if k not in before}
+    leaked = {k: v for k, v in persisted_rdds(spark).items() if k not in before}
     assert leaked == {}
     assert edges.storageLevel.useMemory is False
 

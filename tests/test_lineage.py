@@ -5,36 +5,27 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from sessions import estimated_bytes, is_connect, persisted_rdds, plan_nodes
 
 import iterflow as itf
 
 pytestmark = pytest.mark.spark
 
 
-def plan_nodes(df: DataFrame) -> int:
-    """Node count of the analyzed logical plan (one line per node in Spark's tree string)."""
-    return len(df._jdf.queryExecution().analyzed().treeString().splitlines())
-
-
-def estimated_bytes(df: DataFrame) -> int:
-    """The optimizer's size estimate of ``df``'s plan (what join planning sees)."""
-    return int(df._jdf.logicalPlan().stats().sizeInBytes())
-
-
-def persisted_rdds(spark: SparkSession) -> int:
-    return int(spark.sparkContext._jsc.getPersistentRDDs().size())
+def persisted_count(spark: SparkSession) -> int:
+    return len(persisted_rdds(spark))
 
 
 def test_plan_size_and_persisted_rdds_stay_flat_over_sixty_rounds(spark: SparkSession) -> None:
     weights = spark.range(200, numPartitions=2).select("id", (F.col("id") % 7).alias("w"))
     values = spark.range(200, numPartitions=2).select("id", F.lit(0.0).alias("v"))
-    baseline = persisted_rdds(spark)
+    baseline = persisted_count(spark)
     nodes: list[int] = []
     persisted: list[int] = []
     estimates: list[int] = []
 
     def watch(ctx: itf.RoundEnd) -> None:
-        persisted.append(persisted_rdds(spark))
+        persisted.append(persisted_count(spark))
         estimates.append(estimated_bytes(ctx.variables["values"]))
 
     @itf.body
@@ -58,13 +49,18 @@ def test_plan_size_and_persisted_rdds_stay_flat_over_sixty_rounds(spark: SparkSe
     assert nodes[5:] == [nodes[5]] * 55  # identical shape every round
     assert persisted[59] == persisted[4]
     assert max(persisted[4:]) == persisted[4]
-    # Statistics do not compound either: 200 rows of (id long, v double) plus row overhead.
-    assert estimates == [200 * (8 + 8 + 8)] * 60
+    # Statistics do not compound either: 200 rows of (id long, v double) plus row overhead
+    # (over Connect, the size of the cache the checkpoint was made from).
+    if is_connect(spark):
+        assert estimates[1:] == [estimates[1]] * 59 and estimates[1] < 64 * 1024
+    else:
+        assert estimates == [200 * (8 + 8 + 8)] * 60
     # v converges to 2w (v = v/2 + w); after 60 halvings it is exact in doubles.
     got = {r["id"]: r["v"] for r in result.outputs["values"].collect()}
     assert got == {i: pytest.approx(2.0 * (i % 7), abs=1e-12) for i in range(200)}
     result.release()
-    assert persisted_rdds(spark) == baseline
+    if not is_connect(spark):  # a Connect server frees released checkpoints when its JVM
+        assert persisted_count(spark) == baseline  # collects them (docs/deploy.md)
 
 
 def test_a_plain_loop_without_lineage_cutting_does_grow(spark: SparkSession) -> None:

@@ -7,13 +7,20 @@ iterflow is enough.
   file (``iterflow_spark_master``, ``iterflow_shuffle_partitions``,
   ``iterflow_spark_conf`` with one ``key=value`` per line). Define your own
   ``spark`` fixture in a ``conftest.py`` to replace it.
-- Markers: ``spark`` (the test uses Spark) and ``slow_spark`` (a slow Spark
-  test; deselect with ``-m "not slow_spark"``).
+- ``--iterflow-remote URL`` (or the ini option ``iterflow_spark_remote``) makes
+  ``spark`` a Spark Connect session instead: ``sc://host:port`` for a running
+  server, or ``local[2]`` for one PySpark starts in the test process. The same
+  tests then check that a job behaves the same over Connect.
+- Markers: ``spark`` (the test uses Spark), ``slow_spark`` (a slow Spark
+  test; deselect with ``-m "not slow_spark"``) and ``spark_classic`` (the test
+  needs a classic session, e.g. it reads the JVM through py4j; skipped when
+  ``spark`` is a Connect session).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +30,18 @@ from iterflow.errors import IterflowValueError
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--iterflow-remote",
+        default=None,
+        metavar="URL",
+        help="make iterflow's `spark` fixture a Spark Connect session: sc://host:port, "
+        "or local[N] for a server in the test process",
+    )
+    parser.addini(
+        "iterflow_spark_remote",
+        "Spark Connect URL of iterflow's `spark` fixture (empty: a classic session)",
+        default="",
+    )
     parser.addini(
         "iterflow_spark_master", "Spark master of iterflow's `spark` fixture", default="local[2]"
     )
@@ -44,6 +63,27 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "slow_spark: a slow Spark test; deselect with -m 'not slow_spark'"
     )
+    config.addinivalue_line(
+        "markers",
+        "spark_classic(reason): the test needs a classic session; skipped over Spark Connect",
+    )
+
+
+def spark_remote(config: pytest.Config) -> str | None:
+    """The Spark Connect URL of the ``spark`` fixture, or None for a classic session."""
+    return (
+        config.getoption("--iterflow-remote") or str(config.getini("iterflow_spark_remote")) or None
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if spark_remote(config) is None:
+        return
+    for item in items:
+        marker = item.get_closest_marker("spark_classic")
+        if marker is not None:
+            why = marker.args[0] if marker.args else marker.kwargs.get("reason", "")
+            item.add_marker(pytest.mark.skip(reason=f"needs a classic session: {why}".rstrip(": ")))
 
 
 def spark_settings(config: pytest.Config) -> tuple[str, dict[str, str]]:
@@ -72,7 +112,27 @@ def spark(pytestconfig: pytest.Config) -> Iterator[Any]:
     from iterflow.runtime.session import embedded_session
 
     master, conf = spark_settings(pytestconfig)
-    session = embedded_session(master, app_name="iterflow-tests", conf=conf)
-    session.sparkContext.setLogLevel("ERROR")
+    remote = spark_remote(pytestconfig)
+    if remote is None:
+        session = embedded_session(master, app_name="iterflow-tests", conf=conf)
+        session.sparkContext.setLogLevel("ERROR")
+    else:
+        session = connect_session(remote, conf)
     yield session
     session.stop()
+
+
+def connect_session(remote: str, conf: dict[str, str]) -> Any:
+    """A Spark Connect session on ``remote`` with the SQL settings of ``conf``."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.remote(remote).appName("iterflow-tests")
+    settings = {key: value for key, value in conf.items() if key.startswith("spark.sql.")}
+    if remote.startswith("local"):  # driver settings would only warn: the server has its own
+        for key, value in settings.items():
+            builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    for key, value in settings.items():
+        session.conf.set(key, value)
+    return session
