@@ -249,6 +249,7 @@ def lose_block_at(epoch: int) -> Any:
     return lose
 
 
+@pytest.mark.spark_classic("drops a checkpoint block through the py4j handle")
 @pytest.mark.usefixtures("checkpointed_variables")
 def test_a_lost_checkpoint_block_rolls_back_to_the_durable_checkpoint(
     spark: SparkSession, tmp_path: Path
@@ -283,6 +284,7 @@ def test_a_lost_checkpoint_block_rolls_back_to_the_durable_checkpoint(
     assert [e["epoch"] for e in round_ends(events)] == list(range(8))
 
 
+@pytest.mark.spark_classic("drops a checkpoint block through the py4j handle")
 @pytest.mark.usefixtures("checkpointed_variables")
 def test_a_lost_checkpoint_block_without_checkpoints_names_the_remedy(
     spark: SparkSession,
@@ -322,6 +324,7 @@ def test_a_directory_name_with_hash_and_space_resumes(spark: SparkSession, tmp_p
     assert result.resumed_from == 2 and calls == [3, 4, 5, 6, 7]
 
 
+@pytest.mark.spark_classic("job descriptions are SparkContext properties")
 def test_synchronous_writes_keep_the_users_job_description(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -346,6 +349,7 @@ def test_a_run_refused_before_its_first_round_logs_its_failure(
     assert events[1]["epoch"] is None and events[0]["resumed_from"] == 2
 
 
+@pytest.mark.spark_classic("a Spark Connect DataFrame pickles; a classic one does not")
 def test_an_unpicklable_listener_attribute_is_named(spark: SparkSession, tmp_path: Path) -> None:
     class KeepsOutputs(itf.RoundListener):
         def __init__(self) -> None:

@@ -1,7 +1,7 @@
 """iterflow on a Spark Connect session: bounded iterations (lineage cut by local
 checkpoints on the server, rows counted by observations, ctx.observe, convergence,
-criteria, listeners, driver-side metrics), iterflow.ml and iterflow.testing give what
-they give on a classic session; durable checkpoints are refused with a clear error."""
+criteria, listeners, driver-side metrics), durable checkpoints, iterflow.ml and
+iterflow.testing give what they give on a classic session."""
 
 from __future__ import annotations
 
@@ -18,22 +18,23 @@ import numpy as np
 import pytest
 from test_ml_kmeans import numpy_lloyd
 
+import iterflow as itf
+
 pytestmark = pytest.mark.spark
 
 JOB = Path(__file__).with_name("connect_job.py")
 
 
 @pytest.fixture(scope="module")
-def connect_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def connect_run() -> dict[str, Any]:
     with socket.socket() as probe:
         try:
             probe.bind(("0.0.0.0", 15002))
         except OSError:
             pytest.fail("port 15002, where PySpark's local Connect server listens, is taken")
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
-    directory = tmp_path_factory.mktemp("checkpoints")
     done = subprocess.run(
-        [sys.executable, str(JOB), str(directory)],
+        [sys.executable, str(JOB)],
         capture_output=True,
         text=True,
         timeout=900,
@@ -57,7 +58,7 @@ def test_a_bounded_iteration_runs_as_on_a_classic_session(
     assert run["rounds_seen"] == 7  # a metric updated on the driver, from a listener
 
 
-def test_criteria_ml_and_the_refused_checkpoint(connect_run: dict[str, Any]) -> None:
+def test_criteria_and_ml(connect_run: dict[str, Any]) -> None:
     assert connect_run["criteria"] == {"rounds": 5, "reason": "criteria_empty"}
     rng = np.random.default_rng(5)
     points = np.concatenate([rng.normal(c, 0.3, (100, 2)) for c in ([0, 0], [5, 0], [0, 5])])
@@ -69,23 +70,24 @@ def test_criteria_ml_and_the_refused_checkpoint(connect_run: dict[str, Any]) -> 
     y = x @ np.array([1.5, -0.5]) + 0.25
     solution = np.linalg.lstsq(np.column_stack([x, np.ones(200)]), y, rcond=None)[0]
     np.testing.assert_allclose(connect_run["coefficients"], solution, atol=1e-6)
-    assert "checkpoint_dir needs a classic SparkSession" in connect_run["checkpoint_error"]
 
 
-#: The foundation's core semantics tests, run again with the `spark` fixture a Spark
-#: Connect session (iterflow's pytest plugin, --iterflow-remote).
+#: The foundation's core semantics tests and the durable checkpoint tests, run again
+#: with the `spark` fixture a Spark Connect session (the plugin's --iterflow-remote).
 CORE = [
     "test_bounded_semantics.py",
     "test_termination.py",
     "test_lineage.py",
     "test_errors.py",
     "test_pagerank.py",
+    "test_checkpoints.py",
 ]
 
 
 def test_the_core_semantics_tests_pass_on_a_connect_session(connect_run: dict[str, Any]) -> None:
-    """The same test functions as on the classic session; only the three that count
-    evaluations with an accumulator (Connect has none) are skipped, by their marker."""
+    """The same test functions as on the classic session. Skipped, by their marker, are
+    only those that reach into the JVM: counting evaluations with an accumulator (Connect
+    has none), dropping a checkpoint block, job descriptions, pickling a py4j handle."""
     here = Path(__file__).parent
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
     done = subprocess.run(
@@ -102,5 +104,15 @@ def test_the_core_semantics_tests_pass_on_a_connect_session(connect_run: dict[st
     summary = done.stdout.strip().splitlines()[-1]
     assert done.returncode == 0, done.stdout[-6000:]
     counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|skipped|failed)", summary)}
-    assert counts.get("passed", 0) >= 56 and counts.get("skipped") == 3, summary
-    assert done.stdout.count("needs a classic session: counts evaluations with an accumulator") == 2
+    assert counts.get("passed", 0) >= 75 and counts.get("skipped") == 7, summary
+    skips = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert skips and all("needs a classic session" in line for line in skips), skips
+
+
+def test_checkpoint_dir_over_connect_is_a_directory_both_sides_see() -> None:
+    from iterflow.runtime.files import LocalFiles, _connect_files
+
+    files, root = _connect_files("file:///data/ckpt/")
+    assert isinstance(files, LocalFiles) and root == "file:/data/ckpt"
+    with pytest.raises(itf.IterflowError, match=r"s3a://b/c.*client and the Connect server"):
+        _connect_files("s3a://b/c")

@@ -197,11 +197,6 @@ class CheckpointStore:
     """Reads and writes the checkpoints under ``root`` (any Hadoop file system path)."""
 
     def __init__(self, spark: SparkSession, root: str, *, keep: int = 2) -> None:
-        if spark_context(spark) is None:
-            raise IterflowError(
-                "checkpoint_dir needs a classic SparkSession for now; under Spark Connect "
-                "run without checkpoint_dir"
-            )
         self.spark = spark
         self.files, self.root = files_for(spark, str(root))
         self.keep = keep
@@ -375,8 +370,12 @@ class CheckpointWriter:
             self._run(epoch, write)
             self._raise()
             return
+        # A Spark Connect session must be handed over for the thread to use it.
         self._thread = InheritableThread(
-            target=self._run, args=(epoch, write), name=f"iterflow-checkpoint-{epoch}"
+            self._run,
+            args=(epoch, write),
+            session=None if spark_context(self._spark) else self._spark,
+            name=f"iterflow-checkpoint-{epoch}",
         )
         self._thread.start()
 
@@ -388,10 +387,13 @@ class CheckpointWriter:
         self._raise()
 
     def _run(self, epoch: int, write: Callable[[], None]) -> None:
+        # Job properties need a SparkContext; over Spark Connect, jobs keep the server's.
         context: Any = spark_context(self._spark)
-        saved = {key: context.getLocalProperty(key) for key in _JOB_PROPERTIES}
-        context.setLocalProperty("spark.scheduler.pool", "iterflow-checkpoint")
-        context.setLocalProperty("spark.job.description", f"iterflow checkpoint of epoch {epoch}")
+        saved = {key: context.getLocalProperty(key) for key in _JOB_PROPERTIES} if context else {}
+        if context is not None:
+            context.setLocalProperty("spark.scheduler.pool", "iterflow-checkpoint")
+            description = f"iterflow checkpoint of epoch {epoch}"
+            context.setLocalProperty("spark.job.description", description)
         try:
             write()
         except BaseException as exc:

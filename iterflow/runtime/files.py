@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 
 from iterflow.errors import IterflowValueError
 from iterflow.runtime.jvm import HadoopFiles
+from iterflow.runtime.session import spark_context
 
 
 class Files(Protocol):
@@ -88,6 +89,8 @@ class LocalFiles:
 
 def files_for(spark: SparkSession, root: str) -> tuple[Files, str]:
     """The ``Files`` for ``root`` and its qualified URI (``file:/...``, ``hdfs://...``)."""
+    if spark_context(spark) is None:
+        return _connect_files(root)
     hadoop = HadoopFiles(spark)
     try:
         qualified = hadoop.qualify(root).rstrip("/")
@@ -98,3 +101,17 @@ def files_for(spark: SparkSession, root: str) -> tuple[Files, str]:
             "and credentials (spark.hadoop.* settings)"
         ) from exc
     return (LocalFiles() if qualified.startswith("file:") else hadoop), qualified
+
+
+def _connect_files(root: str) -> tuple[Files, str]:
+    """Over Spark Connect the client has no Hadoop file system: a local (or mounted)
+    directory, which Spark's writers on the server must see at the same path."""
+    scheme, sep, _ = root.partition("://")
+    if sep and scheme != "file":
+        raise IterflowValueError(
+            f"checkpoint_dir '{root}': over Spark Connect, iterflow writes its small files "
+            "from the client, which has no Hadoop file system; use a directory that the "
+            "client and the Connect server both see at the same path (a shared mount)"
+        )
+    path = os.path.abspath(root.removeprefix("file://").removeprefix("file:"))
+    return LocalFiles(), f"file:{path}"

@@ -29,28 +29,11 @@ def release_local_checkpoint(df: DataFrame) -> None:
     frees them now. Any other plan is left alone.
     """
     jdf = getattr(df, "_jdf", None)
-    if jdf is None:
-        _release_remote_checkpoint(df)
+    if jdf is None:  # Spark Connect: PySpark releases it when df is garbage collected
         return
     plan = jdf.logicalPlan()
     if plan.getClass().getSimpleName() == "LogicalRDD":
         plan.rdd().unpersist(False)
-
-
-def _release_remote_checkpoint(df: DataFrame) -> None:
-    """Over Spark Connect: have the server drop a checkpoint now, as PySpark does when
-    the DataFrame is garbage collected (which may be much later, or never while a
-    result still refers to it)."""
-    plan: Any = getattr(df, "_plan", None)
-    if type(plan).__name__ != "CachedRemoteRelation" or plan._relation_id is None:
-        return
-    from pyspark.sql.connect.plan import RemoveRemoteCachedRelation
-
-    client: Any = df.sparkSession.client
-    if client.is_closed:
-        return
-    client.execute_command(RemoveRemoteCachedRelation(plan).command(session=client))
-    plan._relation_id = None  # released: nothing left for garbage collection to do
 
 
 def set_checkpoint_statistics(df: DataFrame, rows: int) -> bool:
