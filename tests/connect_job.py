@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -18,8 +19,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import iterflow as itf
+from iterflow.graph import Graph, connected_components, pagerank
 from iterflow.ml import kmeans, linear_regression
 from iterflow.testing import assert_converges, assert_frame_close
+
+#: A small graph with a dangling vertex (5), an isolated one (7) and two components.
+GRAPH_VERTICES = 8
+GRAPH_EDGES = [(0, 1), (1, 2), (2, 0), (2, 3), (3, 4), (4, 5), (6, 6), (6, 1)]
 
 
 def halving(spark: SparkSession, rows: int) -> dict:  # type: ignore[type-arg]
@@ -68,6 +74,48 @@ def criteria(spark: SparkSession) -> dict:  # type: ignore[type-arg]
     return {"rounds": result.rounds, "reason": result.termination.reason}
 
 
+def executor_metric(spark: SparkSession) -> dict:  # type: ignore[type-arg]
+    """A metric updated inside a UDF: over Connect the run goes on, and the driver is
+    warned that such updates are not recorded."""
+    evaluated = itf.metrics.counter("evaluated")
+
+    def touch(v):  # type: ignore[no-untyped-def]
+        evaluated.inc()
+        return v
+
+    touched = F.udf(touch, "double")
+
+    @itf.body
+    def step(x: DataFrame) -> itf.Declaration:
+        following = x.select("i", touched(F.col("v") + 1).alias("v"))
+        return itf.Declaration(feedback={"x": following}, outputs={"x": following})
+
+    start = spark.range(50).select(F.col("id").alias("i"), F.lit(0.0).alias("v"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = itf.BoundedIteration(step).bind("x", start).until(itf.max_rounds(3)).run()
+    return {
+        "values": sorted({r["v"] for r in result.outputs["x"].collect()}),
+        "rounds": result.rounds,
+        "warnings": [str(w.message) for w in caught if issubclass(w.category, itf.IterflowWarning)],
+    }
+
+
+def graph_arrow(spark: SparkSession) -> dict:  # type: ignore[type-arg]
+    """iterflow.graph's Arrow paths (files and numpy kernels) over Connect."""
+    vertices = spark.createDataFrame([(v,) for v in range(GRAPH_VERTICES)], "id long")
+    edges = spark.createDataFrame(GRAPH_EDGES, "src long, dst long")
+    graph = Graph(vertices, edges)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", itf.IterflowWarning)  # its messages metric
+        ranks = pagerank(graph, method="arrow", tol=1e-10, max_rounds=200, progress=False)
+        labels = connected_components(graph, method="arrow", progress=False)
+    return {
+        "ranks": {r["id"]: r["pagerank"] for r in ranks.collect()},
+        "components": {r["id"]: r["component"] for r in labels.collect()},
+    }
+
+
 def main() -> None:
     # PySpark's in-process Connect server: it listens on port 15002, where its client
     # connects (the test checks first that no other server holds the port).
@@ -101,6 +149,8 @@ def main() -> None:
                 "kmeans": model.centroids.tolist(),
                 "kmeans_seeded": sorted(np.round(seeded.centroids).tolist()),
                 "coefficients": [*fit.coefficients.tolist(), fit.intercept],
+                "executor_metric": executor_metric(spark),
+                "graph": graph_arrow(spark),
             }
         )
     )

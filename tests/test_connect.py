@@ -109,6 +109,29 @@ def test_the_core_semantics_tests_pass_on_a_connect_session(connect_run: dict[st
     assert skips and all("needs a classic session" in line for line in skips), skips
 
 
+def test_executor_metrics_warn_and_graph_arrow_paths_match_networkx(
+    connect_run: dict[str, Any],
+) -> None:
+    import networkx as nx
+    from connect_job import GRAPH_EDGES, GRAPH_VERTICES
+
+    metric = connect_run["executor_metric"]
+    assert metric["rounds"] == 3 and metric["values"] == [3.0]
+    assert len(metric["warnings"]) == 1  # once per metric, however many tasks ran
+    assert "metric 'evaluated'" in metric["warnings"][0]
+    assert "not recorded" in metric["warnings"][0]
+    reference = nx.DiGraph()
+    reference.add_nodes_from(range(GRAPH_VERTICES))
+    reference.add_edges_from(GRAPH_EDGES)
+    expected = nx.pagerank(reference, alpha=0.85, tol=1e-14, max_iter=2000)
+    ranks = {int(k): v for k, v in connect_run["graph"]["ranks"].items()}
+    assert max(abs(ranks[v] - expected[v]) for v in expected) < 1e-8
+    labels = {int(k): v for k, v in connect_run["graph"]["components"].items()}
+    assert labels == {
+        v: min(members) for members in nx.weakly_connected_components(reference) for v in members
+    }
+
+
 def test_checkpoint_dir_over_connect_is_a_directory_both_sides_see() -> None:
     from iterflow.runtime.files import LocalFiles, _connect_files
 

@@ -11,6 +11,7 @@ failed task attempts and merges those of successful ones before the job ends.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 from pyspark import SparkContext, TaskContext
 from pyspark.accumulators import Accumulator, AccumulatorParam
 
-from iterflow.errors import IterflowError
+from iterflow.errors import IterflowError, IterflowWarning
 from iterflow.metrics.registry import (
     KIND_CLASSES,
     REGISTRY,
@@ -87,12 +88,28 @@ def _restore(name: str, kind: Kind, accumulator: Accumulator[dict[Key, State]]) 
     return KIND_CLASSES[kind](name, REGISTRY, _AccumulatorRecorder(accumulator))
 
 
+def _not_recorded(name: str, kind: Kind) -> Metric:
+    """Unpickle a metric shipped over Spark Connect: inside a task its updates go nowhere
+    (there is no accumulator to carry them); on the driver it is the registry's handle."""
+    if TaskContext.get() is None:
+        return REGISTRY.get(name, kind)
+    return KIND_CLASSES[kind](name, REGISTRY, lambda _name, _kind, _state: None)
+
+
+def _spark_connect() -> bool:
+    """Whether this process runs PySpark in Spark Connect mode."""
+    from pyspark.sql.utils import is_remote
+
+    return bool(is_remote())
+
+
 class SparkBridge:
     """Ships metrics to executors of classic sessions and reads back what they recorded."""
 
     def __init__(self) -> None:
         self._context: SparkContext | None = None
         self._accumulator: Accumulator[dict[Key, State]] | None = None
+        self._unrecorded: set[str] = set()  # metrics warned about over Spark Connect
 
     def on_executor(self) -> bool:
         return TaskContext.get() is not None
@@ -111,6 +128,19 @@ class SparkBridge:
         return self._accumulator
 
     def reduce(self, metric: Metric) -> tuple[Any, ...]:
+        if _spark_connect():
+            # Spark Connect runs Python functions without accumulators: updates made in
+            # them cannot come back. The function still runs; the driver is told once.
+            if metric.name not in self._unrecorded:
+                self._unrecorded.add(metric.name)
+                warnings.warn(
+                    f"metric '{metric.name}' was pickled for Spark tasks; over Spark Connect "
+                    "there are no accumulators, so updates made inside executor functions "
+                    "are not recorded: update it on the driver (e.g. from a listener)",
+                    IterflowWarning,
+                    stacklevel=2,
+                )
+            return (_not_recorded, (metric.name, metric.kind))
         return (_restore, (metric.name, metric.kind, self.accumulator()))
 
     def executor_states(self, run_id: str) -> ExecutorStates:
