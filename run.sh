@@ -3,12 +3,18 @@
 #   bash run.sh demo pagerank [options]   run the PageRank demo on an embedded local Spark
 #   bash run.sh demo online-kmeans        online k-means over files arriving in a watched folder
 #   bash run.sh test [pytest args]        lint, type-check and run the test suite
+#   bash run.sh test-oldest [pytest args] the core tests on the oldest supported PySpark
 # The first call creates .venv and installs iterflow with its test tools into it.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 venv=${ITERFLOW_VENV:-.venv}
 python=${PYTHON:-python3}
+# The oldest PySpark that pyproject.toml admits (pyspark>=4.0), and the tests run on it.
+oldest_pyspark=4.0.0
+oldest_tests=(tests/test_bounded_semantics.py tests/test_termination.py tests/test_lineage.py
+  tests/test_errors.py tests/test_pagerank.py tests/test_checkpoints.py tests/test_columnar.py
+  tests/test_connect.py tests/test_ml_kmeans.py)
 
 if ! command -v java >/dev/null 2>&1; then
   echo "run.sh: Java (17 or newer) is needed by Spark and was not found on PATH" >&2
@@ -25,6 +31,25 @@ fi
 export SPARK_LOCAL_IP=${SPARK_LOCAL_IP:-127.0.0.1}
 command=${1:-}
 [ $# -gt 0 ] && shift
+
+# pytest in virtualenv $1 with the rest as arguments; exit code 5 ("no tests collected")
+# is fine for a filter given by hand and a failure otherwise.
+run_pytest() {
+  local env=$1
+  shift
+  local status=0
+  "$env/bin/python" -m pytest "$@" || status=$?
+  if [ "$status" -eq 5 ]; then
+    if [ -n "${filtered:-}" ]; then
+      echo "run.sh: no test matched $filtered" >&2
+      return 0
+    fi
+    echo "run.sh: pytest collected no tests" >&2
+    return 1
+  fi
+  return "$status"
+}
+
 case "$command" in
   demo)
     exec "$venv/bin/iterflow" demo "$@"
@@ -33,21 +58,26 @@ case "$command" in
     "$venv/bin/ruff" check .
     "$venv/bin/ruff" format --check .
     "$venv/bin/mypy"
-    status=0
-    "$venv/bin/python" -m pytest "$@" || status=$?
-    if [ "$status" -eq 5 ]; then
-      # pytest's "no tests collected": fine for a filter given by hand, a failure otherwise.
-      if [ $# -gt 0 ]; then
-        echo "run.sh: no test matched $*" >&2
-        exit 0
-      fi
-      echo "run.sh: pytest collected no tests" >&2
-      exit 1
+    filtered="$*" run_pytest "$venv" "$@"
+    ;;
+  test-oldest)
+    oldest=${ITERFLOW_OLDEST_VENV:-.venv-pyspark-$oldest_pyspark}
+    if [ ! -x "$oldest/bin/python" ] || [ pyproject.toml -nt "$oldest/.installed" ]; then
+      echo "run.sh: installing iterflow with PySpark $oldest_pyspark into $oldest" >&2
+      "$python" -m venv "$oldest"
+      "$oldest/bin/python" -m pip install --quiet --upgrade pip
+      "$oldest/bin/python" -m pip install --quiet -e ".[test]" "pyspark[connect]==$oldest_pyspark"
+      touch "$oldest/.installed"
     fi
-    exit "$status"
+    "$oldest/bin/python" -c "import pyspark; assert pyspark.__version__ == '$oldest_pyspark'"
+    if [ $# -gt 0 ]; then
+      filtered="$*" run_pytest "$oldest" "$@"
+    else
+      run_pytest "$oldest" "${oldest_tests[@]}"
+    fi
     ;;
   *)
-    echo "usage: bash run.sh demo pagerank|online-kmeans [options] | bash run.sh test [pytest args]" >&2
+    echo "usage: bash run.sh demo pagerank|online-kmeans [options] | bash run.sh test|test-oldest [pytest args]" >&2
     exit 2
     ;;
 esac

@@ -38,7 +38,9 @@ def _gist(cause: BaseException) -> str:
     lines = str(cause).strip().splitlines()
     if not lines:
         return ""
-    if lines[0].rstrip().endswith(":"):
+    # PySpark 4.1+ opens with "...from the Python worker:"; 4.0 with "An exception was
+    # thrown from the Python worker. Please see the stack trace below."
+    if lines[0].rstrip().endswith(":") or "Python worker" in lines[0]:
         raised = [m for m in map(_RAISED.match, lines) if m]
         if raised:
             return f"{lines[0].rstrip()} {raised[-1].group(1)}: {raised[-1].group(2)}"

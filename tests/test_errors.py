@@ -281,5 +281,13 @@ def test_round_error_shows_what_a_python_worker_raised():
         "Python worker: iterflow.graph.model.GraphError: edges end at ids that are not "
         "vertices, e.g. [7]"
     )
+    older = RuntimeError(  # PySpark 4.0's header
+        "An exception was thrown from the Python worker. Please see the stack trace below.\n"
+        "Traceback (most recent call last):\n"
+        "iterflow.errors.IterflowError: features must be finite\n"
+    )
+    assert str(RoundError(0, "body 'step'", older)).endswith(
+        "below. iterflow.errors.IterflowError: features must be finite"
+    )
     plain = ValueError("first line\nsecond line")
     assert str(RoundError(0, "body 'step'", plain)).endswith("ValueError: first line")
