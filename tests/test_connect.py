@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyspark
 import pytest
 from test_ml_kmeans import numpy_lloyd
 
@@ -104,9 +105,12 @@ def test_the_core_semantics_tests_pass_on_a_connect_session(connect_run: dict[st
     summary = done.stdout.strip().splitlines()[-1]
     assert done.returncode == 0, done.stdout[-6000:]
     counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|skipped|failed)", summary)}
-    assert counts.get("passed", 0) >= 75 and counts.get("skipped") == 7, summary
+    older = pyspark.__version__.startswith("4.0.")  # its Connect client lacks newSession()
+    assert counts.get("passed", 0) >= 75 - older, summary
+    assert counts.get("skipped") == 7 + older, summary
     skips = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]
-    assert skips and all("needs a classic session" in line for line in skips), skips
+    expected = ("needs a classic session", "has no newSession()")
+    assert skips and all(any(e in line for e in expected) for line in skips), skips
 
 
 def test_executor_metrics_warn_and_graph_arrow_paths_match_networkx(

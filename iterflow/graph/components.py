@@ -294,4 +294,4 @@ def _vector_components(
     table = pa.table({"id": ids, "root": roots})
     named = table.group_by("root").aggregate([("id", "min")]).rename_columns(["root", "component"])
     labelled = table.join(named, "root").select(["id", "component"])
-    return spark.createDataFrame(labelled)
+    return spark.createDataFrame(labelled.combine_chunks())  # PySpark 4.0 Connect: one chunk

@@ -142,7 +142,9 @@ def materialize(
 
 def local_frame(spark: SparkSession, table: Any, schema: StructType) -> DataFrame:
     """A DataFrame over the rows of a pyarrow ``table``, held in the plan (no Spark job)."""
-    return spark.createDataFrame(table, schema=schema)
+    # One chunk: PySpark 4.0.0's Connect client keeps only the first chunk of a table
+    # (a table collected from two partitions came back with half its rows).
+    return spark.createDataFrame(table.combine_chunks(), schema=schema)
 
 
 def _one_cell(df: DataFrame, epoch: int) -> Any:
