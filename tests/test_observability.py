@@ -47,6 +47,7 @@ def counting_body(prefix: str, fail_at: int | None = None) -> itf.IterationBody:
     return step
 
 
+@pytest.mark.spark_classic("metrics updated in executor functions need accumulators")
 def test_metrics_from_udfs_and_the_driver_per_round_and_in_total(spark: SparkSession) -> None:
     result = itf.BoundedIteration(counting_body("a")).bind("v", countdown(spark, 6)).run()
     # Round 0 sees x = 0..5; round k >= 1 sees the values still below 5: x = k..4.
@@ -66,6 +67,7 @@ def test_metrics_from_udfs_and_the_driver_per_round_and_in_total(spark: SparkSes
     assert result.metrics["a.values"].committed.count == total  # type: ignore[union-attr]
 
 
+@pytest.mark.spark_classic("metrics updated in executor functions need accumulators")
 def test_a_failed_round_is_attempted_not_committed_and_sinks_get_the_final_push(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -191,6 +193,7 @@ def test_an_event_log_that_cannot_be_opened_is_a_clear_error(
     assert REGISTRY._runs == []
 
 
+@pytest.mark.spark_classic("metrics updated in executor functions need accumulators")
 def test_updates_from_jobs_started_on_plain_threads_are_not_counted_and_warn(
     spark: SparkSession,
 ) -> None:
