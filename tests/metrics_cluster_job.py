@@ -10,27 +10,19 @@ import sys
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+from child_jobs import job_session
 from pyspark import TaskContext
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.runtime.session import embedded_session
 
 ROUNDS, ROWS = 3, 1000
 
 
 def main() -> None:
-    spark = embedded_session(
-        "local-cluster[2,1,1024]",
-        app_name="iterflow-metrics-cluster",
-        conf={
-            "spark.ui.enabled": "false",
-            "spark.sql.shuffle.partitions": "4",
-            "spark.task.maxFailures": "4",
-            "spark.executor.memory": "512m",
-        },
+    spark = job_session(
+        "local-cluster[2,1,1024]", "iterflow-metrics-cluster", **{"spark.task.maxFailures": "4"}
     )
-    spark.sparkContext.setLogLevel("ERROR")
     batch_rows = itf.metrics.counter("batch_rows")
     flaky_calls = itf.metrics.counter("flaky_calls")
     values = itf.metrics.distribution("values")

@@ -12,10 +12,10 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 import numpy as np
 import pyarrow as pa
+from child_jobs import job_session
 
 from iterflow.graph import Graph, pagerank
 from iterflow.ml import kmeans, linear_regression
-from iterflow.runtime.session import embedded_session
 
 
 def data() -> dict[str, np.ndarray]:
@@ -28,16 +28,7 @@ def data() -> dict[str, np.ndarray]:
 
 
 def main() -> None:
-    spark = embedded_session(
-        "local-cluster[2,1,1024]",
-        app_name="iterflow-ml-cluster",
-        conf={
-            "spark.ui.enabled": "false",
-            "spark.sql.shuffle.partitions": "4",
-            "spark.executor.memory": "512m",
-        },
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = job_session("local-cluster[2,1,1024]", "iterflow-ml-cluster")
     d = data()
     points = d["points"]
     offsets = pa.array(np.arange(len(points) + 1, dtype=np.int32) * 2)

@@ -13,28 +13,18 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 import numpy as np
 import pandas as pd
+from child_jobs import job_session
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.runtime.session import embedded_session
 
 ROWS = 2_000
 
 
 def main(master: str, checkpoint_dir: str) -> None:
-    spark = embedded_session(
-        master,
-        app_name="iterflow-resume-cluster",
-        conf={
-            "spark.ui.enabled": "false",
-            "spark.sql.shuffle.partitions": "4",
-            "spark.executor.memory": "512m",
-            # Keep the variable in Spark (local checkpoints on the executors).
-            "spark.iterflow.driverRows": "0",
-        },
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    # driverRows=0 keeps the variable in Spark (local checkpoints on the executors).
+    spark = job_session(master, "iterflow-resume-cluster", **{"spark.iterflow.driverRows": "0"})
     rows_seen = itf.metrics.counter("rows_seen")
 
     @F.pandas_udf("double")  # type: ignore[call-overload]

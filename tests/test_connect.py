@@ -5,7 +5,6 @@ iterflow.testing give what they give on a classic session."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyspark
 import pytest
+from child_jobs import run_job
 from test_ml_kmeans import numpy_lloyd
 
 import iterflow as itf
@@ -33,16 +33,7 @@ def connect_run() -> dict[str, Any]:
             probe.bind(("0.0.0.0", 15002))
         except OSError:
             pytest.fail("port 15002, where PySpark's local Connect server listens, is taken")
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
-    done = subprocess.run(
-        [sys.executable, str(JOB)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return run_job(JOB)
 
 
 @pytest.mark.parametrize("size", ["small", "large"])

@@ -3,13 +3,10 @@ retries, add up exactly (run in a child process: one SparkContext per process)."
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from child_jobs import run_job
 
 pytestmark = pytest.mark.spark
 
@@ -19,12 +16,7 @@ ROUNDS, ROWS = 3, 1000
 
 @pytest.fixture(scope="module")
 def cluster_run() -> dict:  # type: ignore[type-arg]
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
-    done = subprocess.run(
-        [sys.executable, str(JOB)], capture_output=True, text=True, timeout=600, env=env
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return run_job(JOB, timeout=600)
 
 
 def test_the_updates_came_from_several_executor_processes(cluster_run: dict) -> None:  # type: ignore[type-arg]

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import networkx as nx
 import numpy as np
 import pytest
+from child_jobs import run_job
 from ml_cluster_job import data
 from test_ml_kmeans import numpy_lloyd
 
@@ -21,12 +18,7 @@ JOB = Path(__file__).with_name("ml_cluster_job.py")
 
 @pytest.fixture(scope="module")
 def cluster_run() -> dict:  # type: ignore[type-arg]
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
-    done = subprocess.run(
-        [sys.executable, str(JOB)], capture_output=True, text=True, timeout=600, env=env
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return run_job(JOB, timeout=600)
 
 
 def test_kernels_on_two_executors_match_the_references(cluster_run: dict) -> None:  # type: ignore[type-arg]

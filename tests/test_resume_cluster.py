@@ -4,15 +4,12 @@ local[2], and what numpy says."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from child_jobs import run_job
 from resume_cluster_job import ROWS
 
 pytestmark = pytest.mark.spark
@@ -20,23 +17,10 @@ pytestmark = pytest.mark.spark
 JOB = Path(__file__).with_name("resume_cluster_job.py")
 
 
-def run_job(master: str, checkpoints: Path) -> dict[str, Any]:
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
-    done = subprocess.run(
-        [sys.executable, str(JOB), master, str(checkpoints)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     return {
-        master: run_job(master, tmp_path_factory.mktemp("checkpoints"))
+        master: run_job(JOB, master, str(tmp_path_factory.mktemp("checkpoints")))
         for master in ("local-cluster[2,1,1024]", "local[2]")
     }
 
