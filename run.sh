@@ -20,13 +20,20 @@ if ! command -v java >/dev/null 2>&1; then
   echo "run.sh: Java (17 or newer) is needed by Spark and was not found on PATH" >&2
   exit 1
 fi
-if [ ! -x "$venv/bin/python" ] || [ pyproject.toml -nt "$venv/.installed" ]; then
-  echo "run.sh: installing iterflow and its test tools into $venv" >&2
-  "$python" -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --upgrade pip
-  "$venv/bin/python" -m pip install --quiet -e ".[dev]"
-  touch "$venv/.installed"
-fi
+# Create virtualenv $1 and pip-install the rest of the arguments into it, unless it
+# exists already and pyproject.toml has not changed since.
+ensure_venv() {
+  local env=$1
+  shift
+  if [ ! -x "$env/bin/python" ] || [ pyproject.toml -nt "$env/.installed" ]; then
+    echo "run.sh: installing $* into $env" >&2
+    "$python" -m venv "$env"
+    "$env/bin/python" -m pip install --quiet --upgrade pip
+    "$env/bin/python" -m pip install --quiet "$@"
+    touch "$env/.installed"
+  fi
+}
+ensure_venv "$venv" -e ".[dev]"
 
 export SPARK_LOCAL_IP=${SPARK_LOCAL_IP:-127.0.0.1}
 command=${1:-}
@@ -62,13 +69,7 @@ case "$command" in
     ;;
   test-oldest)
     oldest=${ITERFLOW_OLDEST_VENV:-.venv-pyspark-$oldest_pyspark}
-    if [ ! -x "$oldest/bin/python" ] || [ pyproject.toml -nt "$oldest/.installed" ]; then
-      echo "run.sh: installing iterflow with PySpark $oldest_pyspark into $oldest" >&2
-      "$python" -m venv "$oldest"
-      "$oldest/bin/python" -m pip install --quiet --upgrade pip
-      "$oldest/bin/python" -m pip install --quiet -e ".[test]" "pyspark[connect]==$oldest_pyspark"
-      touch "$oldest/.installed"
-    fi
+    ensure_venv "$oldest" -e ".[test]" "pyspark[connect]==$oldest_pyspark"
     "$oldest/bin/python" -c "import pyspark; assert pyspark.__version__ == '$oldest_pyspark'"
     if [ $# -gt 0 ]; then
       filtered="$*" run_pytest "$oldest" "$@"

@@ -389,8 +389,9 @@ class CheckpointWriter:
     def _run(self, epoch: int, write: Callable[[], None]) -> None:
         # Job properties need a SparkContext; over Spark Connect, jobs keep the server's.
         context: Any = spark_context(self._spark)
-        saved = {key: context.getLocalProperty(key) for key in _JOB_PROPERTIES} if context else {}
+        saved: dict[str, str | None] = {}
         if context is not None:
+            saved = {key: context.getLocalProperty(key) for key in _JOB_PROPERTIES}
             context.setLocalProperty("spark.scheduler.pool", "iterflow-checkpoint")
             description = f"iterflow checkpoint of epoch {epoch}"
             context.setLocalProperty("spark.job.description", description)
