@@ -1,4 +1,7 @@
-"""RoundContext.columnar: a data input written once as Arrow files that kernels read in place."""
+"""RoundContext.columnar: a data input written once as Arrow files that kernels read in place.
+
+These tests pin the per-round-job path (``spark.iterflow.resident=off``); test_resident.py
+runs the same kernels on resident data."""
 
 from __future__ import annotations
 
@@ -11,6 +14,15 @@ import pytest
 
 import iterflow as itf
 from iterflow.runtime.columnar import DIRECTORY_CONF, _open
+from iterflow.runtime.resident import RESIDENT_CONF
+
+
+@pytest.fixture(autouse=True)
+def files_path(spark):
+    """Kernels read Arrow files, one Spark job per map."""
+    spark.conf.set(RESIDENT_CONF, "off")
+    yield
+    spark.conf.unset(RESIDENT_CONF)
 
 
 def test_kernels_read_the_files_written_once_for_the_whole_iteration(spark, tmp_path):

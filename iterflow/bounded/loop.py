@@ -37,6 +37,7 @@ from iterflow.runtime.checkpoint import (
 )
 from iterflow.runtime.materialize import Materialized, persist_owned, release
 from iterflow.runtime.observers import RunObservers
+from iterflow.runtime.resident import ResidentPolicy
 from iterflow.runtime.rounds import (
     DRIVER_ROWS,
     DeclarationCheck,
@@ -92,7 +93,8 @@ class RoundLoop:
         )
         self.state: dict[str, Any] = {}
         self.emitter = Emitter()
-        self.caches = CacheRegistry()
+        spark = next(iter(inputs.values())).sparkSession
+        self.caches = CacheRegistry(ResidentPolicy(spark))
         self.history: list[RoundProgress] = []
         # Rows of each variable in the last round: small ones are held on the driver.
         self.variable_rows: dict[str, int] = {}
@@ -115,7 +117,13 @@ class RoundLoop:
         try:
             restored = self.checkpointing.restore() if self.checkpointing else None
             resumed_from = restored.epoch if restored else None
-            self.observers.started(self.inputs, self.replay, self.conditions, resumed_from)
+            self.observers.started(
+                self.inputs,
+                self.replay,
+                self.conditions,
+                resumed_from,
+                resident=self.caches.residency.residency,  # type: ignore[union-attr]
+            )
             started = True
             if restored is not None:
                 if restored.final and not self._extends(restored):
@@ -329,6 +337,7 @@ class RoundLoop:
             self.variable_tables,
             self.driver_rows,
         )
+        resident_calls = self.caches.resident_calls
         evaluated = evaluate_round(self.body, inputs, ctx, self.check, plan_of, small)
         plan, done, rows = evaluated.plan, evaluated.done, evaluated.rows
         self.variable_rows = {name: rows[name] for name in evaluated.variables}
@@ -348,6 +357,7 @@ class RoundLoop:
             rows=rows,
             criteria_empty=any(criteria_empty.values()) if criteria_empty else None,
             observed=scope.observed(),
+            resident=self.caches.resident_calls > resident_calls,
         )
 
         def round_end(progress: RoundProgress) -> RoundEnd:

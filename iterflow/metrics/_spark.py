@@ -7,6 +7,12 @@ its thread (``iterflow.round``), which Spark hands to every task of the jobs
 that thread runs; so an update counts toward the round whose job ran the task,
 whenever the function that made it was pickled. Spark drops the updates of
 failed task attempts and merges those of successful ones before the job ends.
+
+Resident tasks (``iterflow.runtime.resident``) outlive their rounds: inside one,
+``captured(run_id, epoch)`` collects the updates of a kernel call instead, which
+the task ships to the driver with the call's outputs and the driver adds with
+``SparkBridge.merge`` once the whole call succeeded (a failed call's updates are
+dropped, as Spark drops those of failed attempts).
 """
 
 from __future__ import annotations
@@ -36,6 +42,23 @@ UNTAGGED = ""
 
 Key = tuple[str, int, str, Kind]
 
+#: Where updates made in this process go instead of the accumulator, and for which
+#: round: set by ``captured`` around a resident kernel call (executor side).
+_CAPTURE: tuple[tuple[str, int], dict[Key, State]] | None = None
+
+
+@contextmanager
+def captured(run_id: str, epoch: int) -> Iterator[dict[Key, State]]:
+    """Inside, metric updates made in this task count toward round ``epoch`` of ``run_id``
+    and land in the yielded dict, not in the accumulator (resident tasks only)."""
+    global _CAPTURE
+    updates: dict[Key, State] = {}
+    previous, _CAPTURE = _CAPTURE, ((run_id, epoch), updates)
+    try:
+        yield updates
+    finally:
+        _CAPTURE = previous
+
 
 class _StatesParam(AccumulatorParam[dict[Key, State]]):
     """Accumulates ``{(run_id, epoch, name, kind): state}`` dicts."""
@@ -63,6 +86,11 @@ class _AccumulatorRecorder:
         self._round: tuple[str, int] = (UNTAGGED, -1)
 
     def __call__(self, name: str, kind: Kind, state: State) -> None:
+        if _CAPTURE is not None:  # a resident kernel call: the updates travel with its outputs
+            tag, updates = _CAPTURE
+            key = (*tag, name, kind)
+            updates[key] = add_state(kind, updates.get(key), state)
+            return
         context = TaskContext.get()
         attempt = context.taskAttemptId() if context else None
         if attempt is None or attempt != self._attempt:
@@ -142,6 +170,12 @@ class SparkBridge:
                 )
             return (_not_recorded, (metric.name, metric.kind))
         return (_restore, (metric.name, metric.kind, self.accumulator()))
+
+    def merge(self, updates: dict[Key, State]) -> None:
+        """Add what a resident kernel call recorded (``captured``) to the executors' states."""
+        if updates:
+            accumulator = self.accumulator()
+            accumulator._value = _StatesParam().addInPlace(accumulator._value, updates)
 
     def executor_states(self, run_id: str) -> ExecutorStates:
         """What executors recorded for ``run_id``: ``(epoch, name, kind) -> state``."""

@@ -54,6 +54,7 @@ def progress_to_dict(p: RoundProgress) -> dict[str, Any]:
         "input_rows": dict(p.input_rows),
         "feedback_rows_in": dict(p.feedback_rows_in),
         "backlog": dict(p.backlog),
+        "resident": p.resident,
     }
 
 
@@ -109,8 +110,10 @@ class EventLog:
         inputs: Mapping[str, Mapping[str, Any]],
         conditions: Sequence[Mapping[str, Any]],
         resumed_from: int | None = None,
+        resident: Mapping[str, Any] | None = None,
     ) -> None:
-        """The run began: body name, inputs (name -> {"schema", "replay"}) and conditions."""
+        """The run began: body name, inputs (name -> {"schema", "replay"}), conditions and
+        how its kernels run (``resident``: {"mode": "resident" | "jobs", "reason"})."""
         self._write(
             "iteration_started",
             run_id,
@@ -118,6 +121,7 @@ class EventLog:
             inputs={name: dict(spec) for name, spec in inputs.items()},
             conditions=[dict(condition) for condition in conditions],
             resumed_from=resumed_from,
+            resident=dict(resident) if resident is not None else None,
             iterflow_version=_iterflow_version(),
         )
 

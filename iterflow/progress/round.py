@@ -28,6 +28,9 @@ class RoundProgress:
     (rows each variable received from the previous epoch) and ``backlog``
     (``feedback_rows``: work feedback in flight after the epoch, plus what the
     sources report as waiting, e.g. ``source.0.avgOffsetsBehindLatest``).
+
+    ``resident`` is True when the round's kernels ran on resident data (in tasks
+    that keep their partitions across rounds) rather than as Spark jobs.
     """
 
     epoch: int
@@ -45,3 +48,4 @@ class RoundProgress:
     input_rows: Mapping[str, int | None] = attrs.field(factory=dict, converter=_frozen_dict)
     feedback_rows_in: Mapping[str, int] = attrs.field(factory=dict, converter=_frozen_dict)
     backlog: Mapping[str, float] = attrs.field(factory=dict, converter=_frozen_dict)
+    resident: bool = False

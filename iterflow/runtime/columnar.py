@@ -51,6 +51,8 @@ Combine = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 FILE_COLUMN = "__iterflow_file"
 #: Where ``map(..., combine=...)`` notes how its result can be computed on the driver.
 _COMBINED_ATTRIBUTE = "_iterflow_combined"
+#: Where a local DataFrame made from rows on the driver keeps them (a resident result).
+_HELD_ATTRIBUTE = "_iterflow_held"
 
 #: Tables a Python worker has opened, by path, most recent last (worker side).
 _OPENED: OrderedDict[str, pa.Table] = OrderedDict()
@@ -160,13 +162,35 @@ def _conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
 
+@attrs.frozen
+class KernelCall:
+    """One ``map`` of a kernel: what runs on each partition, in a task of either path."""
+
+    kernel: Kernel
+    args: tuple[Any, ...]
+    indexed: bool
+    declared: pa.Schema  # the Arrow schema of the kernel's declared output
+    numbered: bool  # number the outputs by partition (FILE_COLUMN), for a combine
+
+    def outputs(self, index: int, table: pa.Table) -> Iterator[pa.RecordBatch]:
+        """The kernel's record batches for partition ``index``, held in ``table``."""
+        kernel, args = self.kernel, self.args
+        result = kernel(index, table, *args) if self.indexed else kernel(table, *args)
+        for out in _batches(result):
+            out = _conform(out, self.declared)
+            if self.numbered:
+                files = pa.array([index] * out.num_rows, pa.int32())
+                out = out.append_column(FILE_COLUMN, files)
+            yield out
+
+
 def _with_file_column(schema: StructType | str) -> StructType | str:
     if isinstance(schema, str):
         return f"{schema}, {FILE_COLUMN} INT"
     return StructType([*schema.fields]).add(FILE_COLUMN, IntegerType(), False)
 
 
-def _in_file_order(combine: Combine) -> Combine:
+def in_file_order(combine: Combine) -> Combine:
     """``combine`` over the kernels' outputs sorted by file (stable), without the file column."""
 
     def ordered(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -184,6 +208,20 @@ def _in_file_order(combine: Combine) -> Combine:
 class _Combined:
     mapped: DataFrame  # the kernels' outputs, numbered by file
     in_order: Combine
+
+
+def hold_on_driver(df: DataFrame, table: pa.Table) -> DataFrame:
+    """Note that ``df`` is a local DataFrame over ``table``: reading it back needs no job."""
+    with contextlib.suppress(AttributeError, TypeError):  # a DataFrame that takes no attributes
+        setattr(df, _HELD_ATTRIBUTE, table)
+    return df
+
+
+def held_on_driver(df: DataFrame) -> pa.Table | None:
+    """The rows of ``df`` when it is a local DataFrame made by ``hold_on_driver`` (the
+    result of a resident kernel), else None."""
+    table: pa.Table | None = getattr(df, "__dict__", {}).get(_HELD_ATTRIBUTE)
+    return table
 
 
 def combined_on_driver(df: DataFrame) -> pa.Table | None:
@@ -283,24 +321,19 @@ class ColumnarData:
         numbered = combine is not None
         declared = _declared_arrow_schema(self.spark, schema)
 
+        call = KernelCall(kernel, args, indexed, declared, numbered)
+
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for batch in batches:
                 for index in batch.column(0).to_pylist():
-                    table = _open(locations[index])
-                    result = kernel(index, table, *args) if indexed else kernel(table, *args)
-                    for out in _batches(result):
-                        out = _conform(out, declared)
-                        if numbered:
-                            files = pa.array([index] * out.num_rows, pa.int32())
-                            out = out.append_column(FILE_COLUMN, files)
-                        yield out
+                    yield from call.outputs(index, _open(locations[index]))
 
         count = max(min(len(locations), _task_slots(self.spark)), 1)
         indices = self.spark.range(0, len(locations), 1, count)
         if combine is None:
             return indices.mapInArrow(run, schema)
         mapped = indices.mapInArrow(run, _with_file_column(schema))
-        in_order = _in_file_order(combine)
+        in_order = in_file_order(combine)
         combined = mapped.repartition(1).mapInArrow(in_order, combine_schema)  # type: ignore[arg-type]
         with contextlib.suppress(AttributeError, TypeError):  # a DataFrame that takes no attributes
             setattr(combined, _COMBINED_ATTRIBUTE, _Combined(mapped, in_order))

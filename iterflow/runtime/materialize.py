@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from iterflow.errors import IterflowValueError
-from iterflow.runtime.columnar import combined_on_driver
+from iterflow.runtime.columnar import combined_on_driver, held_on_driver
 from iterflow.runtime.jvm import (
     deliver_observations,
     observation_ready,
@@ -116,6 +116,10 @@ def materialize(
         rows: dict[int, int] = {}
         tables: dict[int, Any] = {}
         for df in distinct:
+            held = held_on_driver(df)
+            if held is not None:  # a resident kernel's result: rows on the driver already
+                frames[id(df)], rows[id(df)], tables[id(df)] = df, held.num_rows, held
+                continue
             if id(df) in on_driver and not has_user_type(df.schema):
                 # Alone in the round (nothing else reads it), a combined kernel result is
                 # combined here on the driver: no shuffle, no Python task for the combine.

@@ -11,9 +11,10 @@ import os
 import time
 import uuid
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
+from typing import Any
 
 import attrs
 from pyspark.sql import DataFrame, SparkSession
@@ -28,6 +29,7 @@ from iterflow.progress.bar import ProgressBar
 from iterflow.progress.estimate import estimate_remaining
 from iterflow.progress.events import EventLog
 from iterflow.progress.round import RoundProgress
+from iterflow.runtime.resident import Residency
 from iterflow.runtime.schema import describe_inputs
 from iterflow.runtime.session import spark_context
 from iterflow.termination import Condition, Converged, Termination, max_rounds_of
@@ -52,6 +54,10 @@ def _open_log(path: str | os.PathLike[str] | None) -> EventLog | None:
             f"run(event_log='{os.fspath(path)}'): cannot open it ({exc.strerror}); "
             "pass a path in a writable directory"
         ) from exc
+
+
+#: How unbounded runs execute kernels: each epoch's are jobs of its micro-batch.
+UNBOUNDED = Residency("jobs", "unbounded iterations run kernels as Spark jobs of each epoch")
 
 
 class RunObservers:
@@ -83,6 +89,7 @@ class RunObservers:
         self._pusher.start()
         BRIDGE.take_untagged()  # updates from before this run are not its concern
         self._warned_untagged: set[str] = set()
+        self._pending_start: Callable[[], None] | None = None
 
     @property
     def elapsed_s(self) -> float:
@@ -94,18 +101,33 @@ class RunObservers:
         replay: set[str],
         conditions: Sequence[Condition],
         resumed_from: int | None = None,
+        resident: Callable[[], Residency] | None = None,
     ) -> None:
-        """The run starts, at round 0 or after the checkpoint of epoch ``resumed_from``."""
+        """The run starts, at round 0 or after the checkpoint of epoch ``resumed_from``.
+
+        Its ``iteration_started`` event waits for the first event after it (the first
+        round's end, or the run's): only the first round's body shows whether its
+        kernels run resident, which ``resident`` then tells.
+        """
         if resumed_from is not None:
             self._bar.resume(resumed_from + 1)
         if self._log is not None:
-            self._log.iteration_started(
-                run_id=self.run_id,
-                iteration=self.iteration,
-                resumed_from=resumed_from,
-                inputs=describe_inputs(inputs, replay),
-                conditions=[c.describe() for c in conditions],
+            log = self._log
+            described: dict[str, Any] = {
+                "run_id": self.run_id,
+                "iteration": self.iteration,
+                "resumed_from": resumed_from,
+                "inputs": describe_inputs(inputs, replay),
+                "conditions": [c.describe() for c in conditions],
+            }
+            self._pending_start = lambda: log.iteration_started(
+                **described, resident=(resident() if resident else UNBOUNDED).describe()
             )
+
+    def _flush_start(self) -> None:
+        pending, self._pending_start = self._pending_start, None
+        if pending is not None:
+            pending()
 
     @contextmanager
     def round(self, epoch: int) -> Iterator[None]:
@@ -149,6 +171,7 @@ class RunObservers:
                 stacklevel=5,
             )
         if self._log is not None:
+            self._flush_start()
             self._log.round_end(run_id=self.run_id, progress=progress)
         self._bar.round_end(progress, max_rounds=max_rounds_of(conditions))
 
@@ -158,6 +181,7 @@ class RunObservers:
         self.metrics.roll_back(epoch + 1)
         self._bar.resume(epoch + 1)
         if self._log is not None:
+            self._flush_start()
             self._log.rolled_back(run_id=self.run_id, to_epoch=epoch)
 
     def round_completed(self, epoch: int) -> None:
@@ -167,6 +191,7 @@ class RunObservers:
         """The run ended normally; returns the metric totals."""
         totals = self.metrics.finish()
         if self._log is not None:
+            self._flush_start()
             self._log.iteration_terminated(
                 run_id=self.run_id,
                 termination=termination,
@@ -181,6 +206,7 @@ class RunObservers:
         """The run failed in round ``epoch`` (None: before its first round)."""
         totals = self.metrics.finish()
         if self._log is not None:
+            self._flush_start()
             self._log.iteration_failed(
                 run_id=self.run_id,
                 epoch=epoch,
@@ -194,6 +220,8 @@ class RunObservers:
         """Final metrics push (it completes before this returns), then release everything."""
         self._bar.close("stopped")  # a no-op once the run's outcome closed it
         try:
+            if self._log is not None:
+                self._flush_start()
             self._pusher.stop()
         finally:
             REGISTRY.end_run(self.metrics)

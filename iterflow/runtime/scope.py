@@ -13,21 +13,33 @@ from iterflow.runtime.materialize import (
     persist_owned,
     unique_observation,
 )
+from iterflow.runtime.resident import ResidentData, ResidentPolicy
 
 
 class CacheRegistry:
-    """DataFrames iterflow persisted, by lifecycle; releases only what it persisted."""
+    """DataFrames iterflow persisted, by lifecycle; releases only what it persisted.
 
-    def __init__(self) -> None:
+    With a ``residency`` policy, columnar data is made resident where it can be
+    (``iterflow.runtime.resident``), and written as Arrow files otherwise.
+    """
+
+    def __init__(self, residency: ResidentPolicy | None = None) -> None:
         self._owned: dict[str, list[DataFrame]] = {"round": [], "iteration": []}
-        self._columnar: dict[int, ColumnarData] = {}
+        self._columnar: dict[int, ColumnarData | ResidentData] = {}
+        self.residency = residency
 
-    def columnar(self, df: DataFrame, prepare: Prepare | None) -> ColumnarData:
-        """``df`` as Arrow files, written at the first call for its plan in this iteration."""
+    def columnar(self, df: DataFrame, prepare: Prepare | None) -> ColumnarData | ResidentData:
+        """``df`` resident or as Arrow files, at the first call for its plan in this iteration."""
         key = plan_key(df)
         if key not in self._columnar:
-            self._columnar[key] = ColumnarData.write(df, prepare)
+            resident = self.residency.load(df, prepare) if self.residency is not None else None
+            self._columnar[key] = resident or ColumnarData.write(df, prepare)
         return self._columnar[key]
+
+    @property
+    def resident_calls(self) -> int:
+        """Kernel calls that resident tasks answered so far in this iteration."""
+        return self.residency.calls if self.residency is not None else 0
 
     def cache(self, df: DataFrame, lifecycle: Lifecycle) -> DataFrame:
         if lifecycle not in self._owned:
@@ -41,9 +53,13 @@ class CacheRegistry:
             df.unpersist(blocking=False)
         self._owned[lifecycle] = []
         if lifecycle == "iteration":
-            for data in self._columnar.values():
-                data.release()
-            self._columnar = {}
+            try:
+                for data in self._columnar.values():
+                    data.release()
+            finally:
+                self._columnar = {}
+                if self.residency is not None:
+                    self.residency.close()
 
 
 class SparkRoundScope:
@@ -73,7 +89,7 @@ class SparkRoundScope:
             raise IterflowTypeError(f"cache() takes a DataFrame, got {type(df).__name__}")
         return self._caches.cache(df, lifecycle)
 
-    def columnar(self, df: DataFrame, prepare: Prepare | None) -> ColumnarData:
+    def columnar(self, df: DataFrame, prepare: Prepare | None) -> ColumnarData | ResidentData:
         if not isinstance(df, DataFrame):
             raise IterflowTypeError(f"columnar() takes a DataFrame, got {type(df).__name__}")
         return self._caches.columnar(df, prepare)

@@ -1,0 +1,674 @@
+"""Resident rounds: data kept in the memory of long-running Spark tasks.
+
+``RoundContext.columnar(df)`` makes ``df`` resident where it can: one Spark job
+(the *resident job*) starts a few long-running tasks; each reads its share of the
+partitions of ``df`` once, straight from the DataFrame (no files, no shared
+storage), runs ``prepare`` on every partition and keeps the tables. From then on
+every ``map(kernel, ...)`` is a message, not a Spark job: the driver pickles the
+kernel and its arguments, sends them to every resident task over the data plane
+(``iterflow.runtime.dataplane``), and the tasks send back the kernels' outputs,
+numbered by partition, plus the metric updates the kernels made. The driver then
+combines the outputs in partition order, as the per-round-job path does, so the
+results are the same to the bit::
+
+    driver (round loop, listeners, checkpoints)        executors
+    +----------------------------------------+        +-------------------------+
+    | ResidentData.map(kernel, args)         |  call  | resident task 0         |
+    |   -> data plane (Arrow Flight, secret) | -----> |   partitions 0, 2 held  |
+    |   <- outputs + metric updates          | <----- |   kernel(table, *args)  |
+    | combine in partition order             |        | resident task 1 ...     |
+    +----------------------------------------+        +-------------------------+
+
+The driver stays in charge: rounds, termination, listeners, metrics and
+checkpoints are the loop's, and the tasks do nothing unless asked. They end when
+the run ends, fails or is interrupted: closing their streams ends them, and the
+resident job's group is cancelled besides.
+
+Slots: resident tasks hold their task slots for the whole run, while a round may
+also run ordinary Spark jobs (DataFrame steps, observations, checkpoint writes).
+So at most one resident task runs per executor, and all the run's resident tasks
+together take at most half the cluster's task slots; with fewer than two slots
+nothing is made resident. A resident task runs the kernels of its partitions one
+after another.
+
+Failures: when a resident task is lost (its Python worker killed, its executor
+gone) the call in progress is abandoned, the resident job is relaunched (its
+tasks load their partitions again) and the call is sent again; the metric updates
+of the abandoned call are dropped, as Spark drops those of failed task attempts.
+An exception raised by a kernel fails the round instead.
+
+``spark.iterflow.resident`` = ``auto`` (default) | ``on`` | ``off`` chooses; under
+``auto`` a data set that cannot be resident is written as Arrow files and read by a
+Spark job per round (``ColumnarData``), with the reason in the event log.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.flight as flight
+from pyspark import InheritableThread, SparkContext, TaskContext
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
+from iterflow.metrics._spark import BRIDGE, ROUND_PROPERTY, captured
+from iterflow.runtime.columnar import (
+    FILE_COLUMN,
+    Combine,
+    Kernel,
+    KernelCall,
+    Prepare,
+    _conform,
+    _declared_arrow_schema,
+    hold_on_driver,
+    in_file_order,
+)
+from iterflow.runtime.dataplane import Channel, DataPlane, connect
+
+RESIDENT_CONF = "spark.iterflow.resident"
+MAX_BYTES_CONF = "spark.iterflow.resident.maxBytes"
+PORT_CONF = "spark.iterflow.resident.port"
+MODES = ("auto", "on", "off")
+#: Data held by all resident tasks together, unless ``MAX_BYTES_CONF`` says otherwise.
+DEFAULT_MAX_BYTES = 4 << 30
+#: How long a resident task tries to reach the driver's data plane.
+CONNECT_TIMEOUT_S = 10.0
+#: How long the driver waits for every resident task of a job to start.
+START_TIMEOUT_S = 60.0
+#: Relaunches of the resident job within one kernel call before the round fails.
+RELAUNCHES = 3
+#: The column that carries each row's partition of the resident DataFrame into the job.
+PARTITION_COLUMN = "__iterflow_partition"
+
+
+class ResidentUnavailable(Exception):
+    """Data cannot be made resident here; the message says why."""
+
+
+class ResidentTaskLost(Exception):
+    """A resident task went away in the middle of a call."""
+
+
+class KernelError(RuntimeError):
+    """A kernel raised inside a resident task; the message carries the task's traceback."""
+
+
+@attrs.frozen
+class Residency:
+    """How a run executes its kernels: ``mode`` is ``"resident"`` or ``"jobs"``, and
+    ``reason`` says why a run that could have been resident was not."""
+
+    mode: str
+    reason: str | None = None
+
+    def describe(self) -> dict[str, str | None]:
+        return {"mode": self.mode, "reason": self.reason}
+
+
+# -- the executor side ----------------------------------------------------------
+
+
+def _split(batch: pa.RecordBatch) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """``batch`` cut by the partition column, row order kept, without that column."""
+    parts = batch.column(PARTITION_COLUMN)
+    rows = batch.drop_columns([PARTITION_COLUMN])
+    values = pc.unique(parts).to_pylist()
+    if len(values) == 1:
+        yield values[0], rows
+        return
+    for value in values:
+        yield value, rows.filter(pc.equal(parts, value))
+
+
+def _load(
+    batches: Iterator[pa.RecordBatch], prepare: Prepare | None, schema: pa.Schema, limit: int
+) -> tuple[dict[int, pa.Table], int]:
+    """This task's partitions as prepared tables, and the bytes Spark sent. Past ``limit``
+    bytes nothing more is kept (the rest is read and dropped): no tables come back."""
+    received: dict[int, list[pa.RecordBatch]] = {}
+    sent = 0
+    for batch in batches:
+        sent += batch.nbytes
+        if sent > limit:
+            received.clear()
+            continue
+        for part, rows in _split(batch):
+            received.setdefault(part, []).append(rows)
+    if sent > limit:
+        return {}, sent
+    return {part: _prepared(rows, prepare, schema) for part, rows in received.items()}, sent
+
+
+def _prepared(rows: list[pa.RecordBatch], prepare: Prepare | None, schema: pa.Schema) -> pa.Table:
+    # Spark's batches may mark nested fields nullable where the DataFrame's schema does
+    # not (an array of non-null elements): take their own schema when there are any.
+    table = pa.Table.from_batches(rows) if rows else schema.empty_table()
+    if prepare is not None:
+        table = prepare(table)
+    return table.combine_chunks()
+
+
+def _serve(call: dict[str, Any], parts: dict[int, pa.Table]) -> dict[str, Any]:
+    """Run one kernel call over this task's partitions, in partition order."""
+    kernel: KernelCall = call["kernel"]
+    outputs: list[pa.RecordBatch] = []
+    with captured(call["run_id"], call["epoch"]) as updates:
+        try:
+            for part in sorted(parts):
+                outputs.extend(kernel.outputs(part, parts[part]))
+        except Exception as error:
+            return {"error": f"{type(error).__name__}: {error}", "trace": traceback.format_exc()}
+    return {"outputs": outputs, "metrics": dict(updates)}
+
+
+def task_main(
+    location: str,
+    secret: str,
+    job: str,
+    generation: int,
+    prepare: Prepare | None,
+    schema: pa.Schema,
+    limit: int,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The function of the resident job's tasks (``mapInArrow``)."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        context = TaskContext.get()
+        task = context.partitionId() if context is not None else 0
+        hello = {"job": job, "generation": generation, "task": task, "pid": os.getpid()}
+        hello["host"] = socket.gethostname()
+        try:
+            channel = connect(location, secret, hello, CONNECT_TIMEOUT_S)
+        except (flight.FlightUnavailableError, flight.FlightTimedOutError) as error:
+            # Said in the job's result, not by failing it: Spark would retry the task.
+            yield _task_row(task, f"{location}: {str(error).splitlines()[0]}")
+            return
+        parts, sent = _load(batches, prepare, schema, limit)
+        channel.send({"rows": {p: t.num_rows for p, t in parts.items()}, "bytes": sent})
+        _loop(channel, parts, prepare, schema)
+        yield _task_row(task, None)
+
+    return run
+
+
+def _task_row(task: int, unreachable: str | None) -> pa.RecordBatch:
+    """The one row a resident task leaves in the job's result."""
+    return pa.RecordBatch.from_arrays(
+        [pa.array([task], pa.int32()), pa.array([unreachable], pa.string())],
+        names=["task", "unreachable"],
+    )
+
+
+def _loop(
+    channel: Channel, parts: dict[int, pa.Table], prepare: Prepare | None, schema: pa.Schema
+) -> None:
+    """Answer the driver's messages until it closes the stream."""
+    from pyspark import cloudpickle
+
+    while True:
+        message = channel.receive()
+        if message is None:
+            return
+        if "adopt" in message:  # partitions no task received rows of: empty ones
+            for part in message["adopt"]:
+                parts[part] = _prepared([], prepare, schema)
+            channel.send({"rows": {p: t.num_rows for p, t in parts.items()}})
+            continue
+        channel.send(_serve(cloudpickle.loads(message["call"]), parts))
+
+
+# -- the driver side ------------------------------------------------------------
+
+
+def _task_slots(context: SparkContext) -> tuple[int, int]:
+    """(executors, task slots) of the cluster now; a local master is one executor."""
+    slots = max(int(context.defaultParallelism), 1)
+    master = str(context.master)
+    if master.startswith("local") and not master.startswith("local-cluster"):
+        return 1, slots
+    registered = int(context._jsc.sc().getExecutorMemoryStatus().size()) - 1  # less the driver
+    return max(registered, 1), slots
+
+
+def _busy_slots(context: SparkContext) -> int:
+    tracker = context.statusTracker()
+    stages = (tracker.getStageInfo(s) for s in tracker.getActiveStageIds())
+    return sum(stage.numActiveTasks for stage in stages if stage is not None)
+
+
+def _byte_setting(context: SparkContext, name: str, value: str) -> int:
+    try:
+        utils = context._jvm.org.apache.spark.network.util.JavaUtils  # type: ignore[union-attr]
+        return int(utils.byteStringAsBytes(value))
+    except Exception as error:
+        raise IterflowValueError(
+            f"{name}={value!r} is not a size; use bytes or a unit, e.g. '512m' or '4g'"
+        ) from error
+
+
+def current_round(context: SparkContext) -> tuple[str, int]:
+    """The run and epoch the driver's round loop tagged this thread's jobs with."""
+    token = context.getLocalProperty(ROUND_PROPERTY)
+    if token is None:
+        return "", -1
+    run_id, epoch = token.rsplit(":", 1)
+    return run_id, int(epoch)
+
+
+_CLOSE = object()
+
+
+@attrs.define
+class _Stream:
+    """The driver's end of one resident task's stream, served on a data-plane thread."""
+
+    task: int
+    pid: int
+    host: str
+    outbox: queue.Queue[Any] = attrs.field(factory=queue.Queue)
+
+
+class ResidentData:
+    """A DataFrame held by resident tasks; ``map`` runs kernels on it without a Spark job.
+
+    Made by ``ResidentPolicy.load`` (behind ``RoundContext.columnar``); released
+    with the iteration. Its ``map`` has ``ColumnarData.map``'s signature and
+    results, computed at once: the result is a local DataFrame over the rows the
+    tasks sent back.
+    """
+
+    def __init__(
+        self,
+        plane: DataPlane,
+        df: DataFrame,
+        prepare: Prepare | None,
+        tasks: int,
+        limit: int,
+    ) -> None:
+        self.spark = df.sparkSession
+        self.context: SparkContext = self.spark.sparkContext
+        self.plane = plane
+        self.tasks = tasks
+        self.limit = limit
+        self.job = uuid.uuid4().hex[:12]
+        self.partitions = int(df.rdd.getNumPartitions())
+        self.rows = 0
+        self.calls = 0  # kernel calls answered, for the rounds' ``resident`` flag
+        self.launches = 0
+        self._prepare = prepare
+        self._schema = _declared_arrow_schema(self.spark, df.schema)
+        self._input = df.withColumn(PARTITION_COLUMN, F.spark_partition_id()).coalesce(tasks)
+        self._arrivals: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._streams: dict[int, _Stream] = {}
+        self._generation = 0
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        plane.register(self.job, self._serve_stream)
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Launch the resident job and wait until every task holds its partitions.
+
+        Raises ``ResidentUnavailable`` when the tasks cannot start, reach the
+        driver or hold the data.
+        """
+        self._launch()
+        ready: dict[int, dict[str, Any]] = {}
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while len(ready) < self.tasks:
+            left = deadline - time.monotonic()
+            if left <= 0 and len(self._streams) < self.tasks:
+                raise ResidentUnavailable(
+                    f"only {len(self._streams)} of {self.tasks} resident task(s) started within "
+                    f"{START_TIMEOUT_S:.0f} s: fewer free task slots than resident tasks"
+                )
+            kind, task, value = self._next(max(left, 0.05) if left > 0 else 1.0)
+            if kind == "ready":
+                ready[task] = value
+            elif kind == "lost":
+                raise ResidentTaskLost(f"resident task {task} was lost while loading: {value}")
+        sent = sum(r["bytes"] for r in ready.values())
+        if sent > self.limit:
+            raise ResidentUnavailable(
+                f"the data takes more than {MAX_BYTES_CONF}={self.limit} bytes "
+                f"(at least {sent} read)"
+            )
+        held = {part for r in ready.values() for part in r["rows"]}
+        empty = [part for part in range(self.partitions) if part not in held]
+        replies = self._exchange(lambda task: {"adopt": empty if task == 0 else []})
+        self.rows = sum(n for reply in replies for n in reply["rows"].values())
+
+    def _launch(self) -> None:
+        self._generation += 1
+        self.launches += 1
+        self._streams = {}
+        generation = self._generation
+        function = task_main(
+            self.plane.location,
+            self.plane.secret,
+            self.job,
+            generation,
+            self._prepare,
+            self._schema,
+            self.limit,
+        )
+        mapped = self._input.mapInArrow(function, "task INT, unreachable STRING")
+        group = f"iterflow-resident-{self.job}-{generation}"
+        context = self.context
+
+        def run() -> None:
+            context.setJobGroup(
+                group, f"iterflow resident tasks ({self.tasks})", interruptOnCancel=True
+            )
+            try:
+                rows = mapped.collect()
+            except BaseException as error:
+                self._arrivals.put(("ended", generation, -1, error))
+            else:
+                self._arrivals.put(("ended", generation, -1, rows))
+
+        self._group = group
+        self._thread = InheritableThread(target=run, daemon=True)
+        self._thread.start()
+
+    def _serve_stream(self, hello: dict[str, Any], channel: Channel) -> None:
+        """Serve one task's stream (on a data-plane thread) until it is closed."""
+        generation, task = hello["generation"], hello["task"]
+        with self._lock:
+            if generation != self._generation:
+                return  # a task of a relaunched job's earlier launch
+            stream = _Stream(task, hello["pid"], hello["host"])
+            self._streams[task] = stream
+        try:
+            message: Any = channel.receive()  # ready: the task holds its partitions
+            while True:
+                if message is None:
+                    raise ResidentTaskLost("its stream closed")
+                kind = "ready" if "bytes" in message else "reply"
+                self._arrivals.put((kind, generation, task, message))
+                outgoing = stream.outbox.get()
+                if outgoing is _CLOSE:
+                    return
+                channel.send(None, payload=outgoing)
+                message = channel.receive()
+        except Exception as error:
+            self._arrivals.put(("lost", generation, task, error))
+
+    def _next(self, timeout: float) -> tuple[str, int, Any]:
+        """The next event of the current launch: (kind, task, value); raises when it ended."""
+        while True:
+            try:
+                event = self._arrivals.get(timeout=timeout)
+            except queue.Empty:
+                return "wait", -1, None
+            kind, generation = event[0], event[1]
+            if generation != self._generation:
+                continue
+            if kind == "ended":
+                self._ended(event[3])
+                continue
+            return kind, event[2], event[3]
+
+    def _ended(self, outcome: Any) -> None:
+        """The resident job ended while the driver still needed it."""
+        if isinstance(outcome, BaseException):
+            raise ResidentTaskLost(f"the resident job failed: {str(outcome).splitlines()[0]}")
+        unreachable = [row["unreachable"] for row in outcome if row["unreachable"]]
+        if unreachable:
+            raise ResidentUnavailable(
+                f"the executors cannot reach the driver's data plane at {unreachable[0]} "
+                f"within {CONNECT_TIMEOUT_S:.0f} s"
+            )
+        raise ResidentTaskLost("the resident job ended")
+
+    def _exchange(self, message: Callable[[int], dict[str, Any]]) -> list[dict[str, Any]]:
+        """Send every task its message; their replies, in task order."""
+        from pyspark import cloudpickle
+
+        for task, stream in self._streams.items():
+            stream.outbox.put(cloudpickle.dumps(message(task)))
+        replies: dict[int, dict[str, Any]] = {}
+        while len(replies) < self.tasks:
+            kind, task, value = self._next(1.0)
+            if kind == "reply":
+                replies[task] = value
+            elif kind == "lost":
+                raise ResidentTaskLost(f"resident task {task} was lost: {value}")
+        return [replies[task] for task in sorted(replies)]
+
+    def stop(self, wait_s: float = 30.0) -> None:
+        """End the current launch: close its streams, cancel its job, wait for it."""
+        with self._lock:
+            self._generation += 1  # nothing of the old launch is heeded any more
+            streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            stream.outbox.put(_CLOSE)
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            thread.join(timeout=min(wait_s, 5.0))
+            if thread.is_alive():
+                self.context.cancelJobGroup(self._group)
+                thread.join(timeout=wait_s)
+        self._thread = None
+
+    def release(self) -> None:
+        """End the resident job for good (driver side)."""
+        self.stop()
+        self.plane.unregister(self.job)
+
+    def tasks_alive(self) -> dict[int, tuple[str, int]]:
+        """Each resident task's (host, Python process id) in the current launch."""
+        with self._lock:
+            return {task: (s.host, s.pid) for task, s in self._streams.items()}
+
+    # -- kernels --------------------------------------------------------------
+
+    def map(
+        self,
+        kernel: Kernel,
+        schema: StructType | str,
+        *args: Any,
+        indexed: bool = False,
+        combine: Combine | None = None,
+        combine_schema: StructType | str | None = None,
+    ) -> DataFrame:
+        """``ColumnarData.map`` on the resident partitions: the kernels run in the resident
+        tasks now, and the result is a local DataFrame over what they returned (combined
+        on the driver with ``combine``, in partition order)."""
+        from pyspark import cloudpickle
+
+        if combine is not None and combine_schema is None:
+            raise IterflowTypeError("map(combine=...) needs combine_schema= as well")
+        declared = _declared_arrow_schema(self.spark, schema)
+        run_id, epoch = current_round(self.context)
+        call = KernelCall(kernel, args, indexed, declared, numbered=True)
+        payload = cloudpickle.dumps({"kernel": call, "run_id": run_id, "epoch": epoch})
+        replies = self._call(payload)
+        for reply in replies:
+            BRIDGE.merge(reply["metrics"])
+        batches = [batch for reply in replies for batch in reply["outputs"]]
+        if combine is not None:
+            target = _declared_arrow_schema(self.spark, combine_schema)  # type: ignore[arg-type]
+            combined = in_file_order(combine)(iter(batches))
+            table = _table([_conform(b, target) for b in combined], target)
+            out_schema: StructType | str = combine_schema  # type: ignore[assignment]
+        else:
+            numbered = _table(batches, declared.append(pa.field(FILE_COLUMN, pa.int32())))
+            table = numbered.sort_by(FILE_COLUMN).drop_columns(FILE_COLUMN)
+            out_schema = schema
+        self.calls += 1
+        frame = self.spark.createDataFrame(table.combine_chunks(), schema=out_schema)
+        return hold_on_driver(frame, table)
+
+    def _call(self, payload: bytes) -> list[dict[str, Any]]:
+        """Send one kernel call to every resident task; relaunch the job and send it again
+        when a task is lost on the way (at most ``RELAUNCHES`` times)."""
+        for attempt in range(RELAUNCHES + 1):
+            try:
+                replies = self._exchange(lambda _task: {"call": payload})
+            except ResidentTaskLost as lost:
+                if attempt == RELAUNCHES:
+                    raise IterflowError(
+                        f"resident tasks were lost {attempt + 1} times in one kernel call "
+                        f"(last: {lost}); set {RESIDENT_CONF}=off to run kernels as Spark jobs"
+                    ) from lost
+                self.stop()
+                self._relaunch()
+                continue
+            failed = [reply for reply in replies if "error" in reply]
+            if failed:
+                raise KernelError(f"{failed[0]['error']}\n{failed[0]['trace']}")
+            return replies
+        raise AssertionError("unreachable")
+
+    def _relaunch(self) -> None:
+        try:
+            self.start()
+        except ResidentUnavailable as error:
+            raise IterflowError(f"resident tasks could not be started again: {error}") from error
+
+    def __repr__(self) -> str:
+        return (
+            f"ResidentData({self.rows} rows in {self.partitions} partitions "
+            f"held by {self.tasks} task(s))"
+        )
+
+
+def _table(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_batches(batches) if batches else schema.empty_table()
+
+
+def _is_connect(spark: SparkSession) -> bool:
+    return not hasattr(spark, "_jsparkSession")
+
+
+class ResidentPolicy:
+    """Decides, per run, whether data is made resident, and owns the run's data plane.
+
+    ``unavailable`` is a reason known before any data is seen (an unbounded run, say).
+    """
+
+    def __init__(self, spark: SparkSession, unavailable: str | None = None) -> None:
+        self.spark = spark
+        setting = str(spark.conf.get(RESIDENT_CONF, "auto")).strip().lower()
+        if setting not in MODES:
+            raise IterflowValueError(f"{RESIDENT_CONF}={setting!r}: use 'auto', 'on' or 'off'")
+        self.setting = setting
+        self.reason = unavailable
+        if setting == "off":
+            self.reason = f"{RESIDENT_CONF} is 'off'"
+        elif _is_connect(spark):
+            self.reason = "the session is Spark Connect: executors cannot reach its client"
+        if setting == "on" and self.reason is not None:
+            self._refuse(self.reason)
+        self.decision: Residency | None = None
+        self.loaded: list[ResidentData] = []
+        self._plane: DataPlane | None = None
+
+    def residency(self) -> Residency:
+        """The run's mode so far: of its first data set, or why none could be resident."""
+        if self.decision is not None:
+            return self.decision
+        if self.reason is not None:
+            return Residency("jobs", self.reason)
+        return Residency("jobs", "no data was made resident (no ctx.columnar in the first round)")
+
+    @property
+    def calls(self) -> int:
+        """Kernel calls answered by resident tasks so far."""
+        return sum(data.calls for data in self.loaded)
+
+    def load(self, df: DataFrame, prepare: Prepare | None) -> ResidentData | None:
+        """``df`` made resident, or None (under ``auto``) when it cannot be."""
+        if self.reason is not None:
+            self._decide(Residency("jobs", self.reason))
+            return None
+        data: ResidentData | None = None
+        try:
+            data = self._resident(df, prepare)
+            data.start()
+        except (ResidentUnavailable, ResidentTaskLost, IterflowError) as error:
+            if data is not None:
+                data.release()
+            if self.setting == "on":
+                self._refuse(str(error))
+            self._decide(Residency("jobs", str(error)))
+            return None
+        self.loaded.append(data)
+        self._decide(Residency("resident"))
+        return data
+
+    def _resident(self, df: DataFrame, prepare: Prepare | None) -> ResidentData:
+        context = self.spark.sparkContext
+        executors, slots = _task_slots(context)
+        held = sum(data.tasks for data in self.loaded)
+        tasks = min(executors, slots // 2 - held)
+        if tasks < 1:
+            raise ResidentUnavailable(
+                f"fewer free task slots than resident tasks: {slots} slot(s), {held} held by "
+                "resident tasks already, and half the slots stay free for the round's jobs"
+            )
+        busy = _busy_slots(context)
+        if slots - busy < tasks:
+            raise ResidentUnavailable(
+                f"fewer free task slots ({slots - busy} of {slots}) than resident tasks ({tasks})"
+            )
+        limit = _byte_setting(
+            context, MAX_BYTES_CONF, self.spark.conf.get(MAX_BYTES_CONF, None) or "4g"
+        )
+        return ResidentData(self._data_plane(context), df, prepare, tasks, limit)
+
+    def _data_plane(self, context: SparkContext) -> DataPlane:
+        if self._plane is None:
+            conf = context.getConf()
+            if str(context.master).startswith("local"):
+                bind = advertised = "127.0.0.1"
+            else:
+                advertised = conf.get("spark.driver.host", None) or socket.gethostname()
+                bind = conf.get("spark.driver.bindAddress", None) or advertised
+            setting = self.spark.conf.get(PORT_CONF, None) or "0"
+            try:
+                port = int(setting)
+            except ValueError:
+                port = -1
+            if not 0 <= port <= 65535:
+                raise IterflowValueError(f"{PORT_CONF}={setting!r}: use a port number (0: any)")
+            self._plane = DataPlane(bind, advertised, port)
+        return self._plane
+
+    def _decide(self, residency: Residency) -> None:
+        if self.decision is None:
+            self.decision = residency
+
+    def _refuse(self, reason: str) -> None:
+        raise IterflowError(
+            f"{RESIDENT_CONF}=on, but data cannot be made resident: {reason}. "
+            f"Set {RESIDENT_CONF}=auto to fall back to a Spark job per round"
+        )
+
+    def close(self) -> None:
+        """End every resident job and the data plane."""
+        try:
+            for data in self.loaded:
+                data.release()
+        finally:
+            self.loaded = []
+            if self._plane is not None:
+                plane, self._plane = self._plane, None
+                closer = threading.Thread(target=plane.close, daemon=True)
+                closer.start()
+                closer.join(timeout=10.0)
