@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import warnings
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -22,6 +23,9 @@ import iterflow as itf
 from iterflow.graph import Graph, connected_components, pagerank
 from iterflow.ml import kmeans, linear_regression
 from iterflow.testing import assert_converges, assert_frame_close
+
+#: Where the k-means run writes its events (its iteration_started tells how kernels ran).
+EVENT_LOG = os.path.join(tempfile.mkdtemp(), "kmeans.jsonl")
 
 #: A small graph with a dangling vertex (5), an isolated one (7) and two components.
 GRAPH_VERTICES = 8
@@ -132,7 +136,10 @@ def main() -> None:
         tol=None,
         max_rounds=5,
         progress=False,
+        event_log=EVENT_LOG,
     )
+    with open(EVENT_LOG) as lines:
+        started = next(e for e in map(json.loads, lines) if e["event"] == "iteration_started")
     seeded = kmeans(frame, 3, features=["x", "y"], seed=3, progress=False)
     x = rng.normal(size=(200, 2))
     y = x @ np.array([1.5, -0.5]) + 0.25
@@ -147,6 +154,8 @@ def main() -> None:
                 "large": halving(spark, 3000),  # local checkpoints on the server
                 "criteria": criteria(spark),
                 "kmeans": model.centroids.tolist(),
+                "kmeans_resident": started["resident"],
+                "kmeans_rounds_resident": [p.resident for p in model.result.history],
                 "kmeans_seeded": sorted(np.round(seeded.centroids).tolist()),
                 "coefficients": [*fit.coefficients.tolist(), fit.intercept],
                 "executor_metric": executor_metric(spark),

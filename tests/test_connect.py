@@ -58,6 +58,10 @@ def test_criteria_and_ml(connect_run: dict[str, Any]) -> None:
     np.testing.assert_allclose(connect_run["kmeans"], expected, atol=1e-9)
     # k-means++ seeding samples without RDDs over Connect and still finds the three blobs.
     assert connect_run["kmeans_seeded"] == [[0.0, 0.0], [0.0, 5.0], [5.0, 0.0]]
+    # Over Connect the executors cannot call the client: kernels run as Spark jobs.
+    assert connect_run["kmeans_resident"]["mode"] == "jobs"
+    assert "Spark Connect" in connect_run["kmeans_resident"]["reason"]
+    assert connect_run["kmeans_rounds_resident"] == [False] * 5
     x = rng.normal(size=(200, 2))
     y = x @ np.array([1.5, -0.5]) + 0.25
     solution = np.linalg.lstsq(np.column_stack([x, np.ones(200)]), y, rcond=None)[0]

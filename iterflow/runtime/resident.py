@@ -391,6 +391,11 @@ class ResidentData:
         with self._lock:
             if generation != self._generation:
                 return  # a task of a relaunched job's earlier launch
+            if task in self._streams:
+                # Spark retried a lost task: its partitions' state (the empty ones it
+                # adopted) is gone with it, so the whole job is launched again.
+                self._arrivals.put(("lost", generation, task, "Spark retried it"))
+                return
             stream = _Stream(task, hello["pid"], hello["host"])
             self._streams[task] = stream
         try:
@@ -450,8 +455,9 @@ class ResidentData:
                 raise ResidentTaskLost(f"resident task {task} was lost: {value}")
         return [replies[task] for task in sorted(replies)]
 
-    def stop(self, wait_s: float = 30.0) -> None:
-        """End the current launch: close its streams, cancel its job, wait for it."""
+    def stop(self, wait_s: float = 30.0, cancel: bool = False) -> None:
+        """End the current launch: close its streams and wait for its job to end, cancelling
+        it (at once with ``cancel``, as after a lost task) when it does not end by itself."""
         with self._lock:
             self._generation += 1  # nothing of the old launch is heeded any more
             streams, self._streams = list(self._streams.values()), {}
@@ -459,7 +465,7 @@ class ResidentData:
             stream.outbox.put(_CLOSE)
         thread = self._thread
         if thread is not None and thread.is_alive():
-            thread.join(timeout=min(wait_s, 5.0))
+            thread.join(timeout=0 if cancel else min(wait_s, 5.0))
             if thread.is_alive():
                 self.context.cancelJobGroup(self._group)
                 thread.join(timeout=wait_s)
@@ -526,7 +532,7 @@ class ResidentData:
                         f"resident tasks were lost {attempt + 1} times in one kernel call "
                         f"(last: {lost}); set {RESIDENT_CONF}=off to run kernels as Spark jobs"
                     ) from lost
-                self.stop()
+                self.stop(cancel=True)
                 self._relaunch()
                 continue
             failed = [reply for reply in replies if "error" in reply]
