@@ -19,6 +19,7 @@ from iterflow.body import Declaration, IterationBody, RoundContext, body
 from iterflow.bounded import BoundedIteration, IterationResult
 from iterflow.errors import DivergenceError, IterflowError, IterflowWarning, RoundError
 from iterflow.progress import IterationEnd, RoundEnd, RoundListener, RoundProgress
+from iterflow.runtime.columnar import to_arrow
 from iterflow.runtime.session import session
 from iterflow.termination import Condition, Termination, converged, empty, max_rounds, until
 from iterflow.unbounded import FileSink, UnboundedIteration, UnboundedQuery
@@ -51,5 +52,6 @@ __all__ = [
     "max_rounds",
     "metrics",
     "session",
+    "to_arrow",
     "until",
 ]

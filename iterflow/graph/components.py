@@ -197,7 +197,7 @@ def vector_components_body(ids: pa.Array, messages: Any, active: Any) -> itf.Ite
     def components_vector(
         labels: DataFrame, edges: DataFrame, ctx: itf.RoundContext
     ) -> itf.Declaration:
-        current = vector_of(labels, "label", len(ids))  # held on the driver after round 0
+        current = vector_of(labels, "label")  # held on the driver after round 0
         new_labels = ctx.columnar(edges, prepare).map(
             local_joins,
             JOINS_SCHEMA,

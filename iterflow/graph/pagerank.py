@@ -196,7 +196,7 @@ def change(end: itf.RoundEnd) -> float:
     """The L1 change of the round, read from the rank vector variable. A callable rather
     than a DataFrame: iterflow holds the one-row vector on the driver, so reading it
     runs no Spark job (and the combine step can run on the driver)."""
-    return float(end.variables["ranks"].select("delta").collect()[0][0])
+    return float(itf.to_arrow(end.variables["ranks"]).column("delta")[0].as_py())
 
 
 def vector_body(
@@ -213,7 +213,7 @@ def vector_body(
     def pagerank_vector(
         ranks: DataFrame, edges: DataFrame, ctx: itf.RoundContext
     ) -> itf.Declaration:
-        current = vector_of(ranks, "rank", len(ids))  # held on the driver after round 0
+        current = vector_of(ranks, "rank")  # held on the driver after round 0
         files = ctx.columnar(edges, prepare)
         new_ranks = files.map(
             contributions,

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
+import iterflow as itf
 from iterflow.graph.model import Graph, GraphError
 
 #: Above this many vertices ``method="auto"`` keeps vertex state in DataFrame rows.
@@ -52,16 +53,10 @@ def list_cell(values: Any) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(np.array([0, len(array)], dtype=np.int32)), array)
 
 
-#: Up to this many elements, a vector held on the driver is read with ``collect()`` (no
-#: Spark job); a longer one with ``toArrow()`` (one job, but no Python list of its values).
-COLLECT_LIMIT = 1_000_000
-
-
-def vector_of(df: DataFrame, column: str, length: int) -> np.ndarray:
-    """The vector in ``column`` of the one-row DataFrame ``df`` (a vertex-state variable)."""
-    if length <= COLLECT_LIMIT and df.isLocal():
-        return np.asarray(df.select(column).collect()[0][0])
-    return cell_values(df.select(column).toArrow().column(column))
+def vector_of(df: DataFrame, column: str) -> np.ndarray:
+    """The vector in ``column`` of the one-row DataFrame ``df`` (a vertex-state variable);
+    held on the driver between rounds, it is read without a Spark job (``itf.to_arrow``)."""
+    return cell_values(itf.to_arrow(df).column(column))
 
 
 def cell_values(column: Any, row: int = 0) -> np.ndarray:

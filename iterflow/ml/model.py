@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql import DataFrame, Row
+from pyspark.sql import DataFrame
 
 import iterflow as itf
 
@@ -21,10 +21,10 @@ def cell(values: np.ndarray) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(np.array([0, len(array)], dtype=np.int32)), array)
 
 
-def model_row(model: DataFrame) -> Row:
-    """The one row of a model DataFrame. ``collect()``, not ``toArrow()``: iterflow holds a
-    small variable on the driver between rounds, and collecting it then runs no Spark job."""
-    return model.collect()[0]
+def model_row(model: DataFrame) -> dict[str, Any]:
+    """The one row of a model DataFrame. ``itf.to_arrow``: iterflow holds a small variable
+    on the driver between rounds, and reading it then runs no Spark job (nor a JVM call)."""
+    return itf.to_arrow(model).slice(0, 1).to_pylist()[0]
 
 
 def model_field(column: str) -> Any:

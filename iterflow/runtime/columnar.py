@@ -129,20 +129,24 @@ def _arrow_type(data_type: Any) -> pa.DataType:
     return to_arrow_type(data_type)
 
 
-#: Arrow schemas of the DDL strings kernels declared, parsed once per process.
-_DECLARED: dict[str, pa.Schema] = {}
+#: The StructTypes of the DDL strings kernels declared, parsed once per process.
+_DECLARED: dict[str, StructType] = {}
+
+
+def declared_struct(spark: SparkSession, schema: StructType | str) -> StructType:
+    """``schema`` as a StructType; a DDL string is parsed once (a JVM call each time)."""
+    if isinstance(schema, StructType):
+        return schema
+    if schema not in _DECLARED:
+        # Parsing a DDL string runs no job (over Spark Connect, one analysis call).
+        _DECLARED[schema] = spark.createDataFrame([], schema).schema
+    return _DECLARED[schema]
 
 
 def _declared_arrow_schema(spark: SparkSession, schema: StructType | str) -> pa.Schema:
     """The Arrow schema Spark expects from a kernel declared with ``schema``."""
-    if isinstance(schema, str):
-        if schema not in _DECLARED:
-            # Parsing a DDL string runs no job (over Spark Connect, one analysis call).
-            _DECLARED[schema] = _declared_arrow_schema(
-                spark, spark.createDataFrame([], schema).schema
-            )
-        return _DECLARED[schema]
-    return pa.schema([(f.name, _arrow_type(f.dataType)) for f in schema.fields])
+    fields = declared_struct(spark, schema).fields
+    return pa.schema([(f.name, _arrow_type(f.dataType)) for f in fields])
 
 
 def _conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
@@ -217,11 +221,91 @@ def hold_on_driver(df: DataFrame, table: pa.Table) -> DataFrame:
     return df
 
 
+def held_frame(spark: SparkSession, table: pa.Table, schema: StructType) -> DataFrame:
+    """A DataFrame over the rows of ``table`` (with ``schema``), held on the driver.
+
+    On a classic session its JVM side is made only when Spark needs it: a variable
+    that the next round reads with ``to_arrow`` and a round's bookkeeping (schema
+    checks, the driver's own release) then cost no JVM call, which is most of what a
+    resident round would otherwise cost. Over Spark Connect it is an ordinary local
+    DataFrame.
+    """
+    if not hasattr(spark, "_jsparkSession"):
+        # One chunk: PySpark 4.0.0's Connect client keeps only the first chunk of a table.
+        return hold_on_driver(spark.createDataFrame(table.combine_chunks(), schema=schema), table)
+    return _HeldFrame(spark, table, schema)
+
+
+def _held_frame_class() -> type:
+    from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
+
+    class HeldFrame(ClassicDataFrame):
+        """A classic DataFrame whose JVM Dataset is a local relation made on first use."""
+
+        def __init__(self, spark: SparkSession, table: pa.Table, schema: StructType) -> None:
+            # What the classic DataFrame's constructor sets, less the JVM Dataset.
+            self._session = spark
+            self._sc = spark.sparkContext
+            self.is_cached = False
+            self._support_repr_html = False
+            self.__dict__["schema"] = schema  # the cached_property, filled in
+            self.__dict__[_HELD_ATTRIBUTE] = table
+
+        @property
+        def _jdf(self) -> Any:
+            made = self.__dict__.get("_made_jdf")
+            if made is None:
+                table = self.__dict__[_HELD_ATTRIBUTE].combine_chunks()
+                made = self._session.createDataFrame(table, schema=self.schema)._jdf
+                self.__dict__["_made_jdf"] = made
+            return made
+
+    return HeldFrame
+
+
+class _LazyClass:
+    """The HeldFrame class, defined at first use (it subclasses PySpark's classic DataFrame)."""
+
+    cls: type | None = None
+
+    def __call__(self, spark: SparkSession, table: pa.Table, schema: StructType) -> DataFrame:
+        if self.cls is None:
+            self.cls = _held_frame_class()
+        frame: DataFrame = self.cls(spark, table, schema)
+        return frame
+
+
+_HeldFrame = _LazyClass()
+
+
 def held_on_driver(df: DataFrame) -> pa.Table | None:
     """The rows of ``df`` when it is a local DataFrame made by ``hold_on_driver`` (the
     result of a resident kernel), else None."""
     table: pa.Table | None = getattr(df, "__dict__", {}).get(_HELD_ATTRIBUTE)
     return table
+
+
+def to_arrow(df: DataFrame) -> pa.Table:
+    """The rows of ``df`` as a ``pyarrow.Table``: read from the driver, with no Spark job
+    and no JVM call, when iterflow holds them there (a variable of at most
+    ``spark.iterflow.driverRows`` rows between rounds, a resident kernel's result);
+    from a ``collect()`` for other rows held in the plan (no Spark job either);
+    otherwise ``df.toArrow()``.
+
+    Example, in a body or a listener::
+
+        weights = itf.to_arrow(model).column("w")[0].values.to_numpy()
+    """
+    held = held_on_driver(df)
+    if held is not None:
+        return held
+    if df.isLocal():  # rows in the plan: collect() runs no Spark job, toArrow() would
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        rows = [row.asDict(recursive=True) for row in df.collect()]
+        with contextlib.suppress(pa.ArrowException, TypeError, ValueError):
+            return pa.Table.from_pylist(rows, schema=to_arrow_schema(df.schema))
+    return df.toArrow()
 
 
 def combined_on_driver(df: DataFrame) -> pa.Table | None:

@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from iterflow.errors import IterflowValueError
-from iterflow.runtime.columnar import combined_on_driver, held_on_driver
+from iterflow.runtime.columnar import combined_on_driver, held_frame, held_on_driver
 from iterflow.runtime.jvm import (
     deliver_observations,
     observation_ready,
@@ -72,6 +72,8 @@ def persist_owned(df: DataFrame) -> bool:
 
 def release(df: DataFrame) -> None:
     """Release what iterflow persisted or checkpointed for ``df``."""
+    if held_on_driver(df) is not None:
+        return  # rows on the driver: nothing in Spark to release
     df.unpersist(blocking=False)
     release_local_checkpoint(df)
 
@@ -109,8 +111,16 @@ def materialize(
     # Over Spark Connect the checkpoint's statistics cannot be set afterwards (no JVM
     # handle); checkpointing a persisted DataFrame gives them from the cache, which the
     # same job fills: its real size, not an estimate compounded round after round.
-    connect = {id(df) for df in distinct if id(df) not in on_driver and not hasattr(df, "_jdf")}
-    owned = [df for df in distinct if (shared or id(df) in connect) and persist_owned(df)]
+    connect = {
+        id(df)
+        for df in distinct
+        if id(df) not in on_driver and held_on_driver(df) is None and not hasattr(df, "_jdf")
+    }
+    owned = [
+        df
+        for df in distinct
+        if (shared or id(df) in connect) and held_on_driver(df) is None and persist_owned(df)
+    ]
     try:
         frames: dict[int, DataFrame] = {}
         rows: dict[int, int] = {}
@@ -126,7 +136,7 @@ def materialize(
                 table = None if shared else combined_on_driver(df)
                 if table is None:
                     table = df.toArrow()
-                frames[id(df)] = local_frame(df.sparkSession, table, df.schema)
+                frames[id(df)] = held_frame(df.sparkSession, table.combine_chunks(), df.schema)
                 rows[id(df)] = table.num_rows
                 tables[id(df)] = table
                 continue

@@ -73,7 +73,8 @@ from iterflow.runtime.columnar import (
     Prepare,
     _conform,
     _declared_arrow_schema,
-    hold_on_driver,
+    declared_struct,
+    held_frame,
     in_file_order,
 )
 from iterflow.runtime.dataplane import Channel, DataPlane, connect
@@ -517,8 +518,7 @@ class ResidentData:
             table = numbered.sort_by(FILE_COLUMN).drop_columns(FILE_COLUMN)
             out_schema = schema
         self.calls += 1
-        frame = self.spark.createDataFrame(table.combine_chunks(), schema=out_schema)
-        return hold_on_driver(frame, table)
+        return held_frame(self.spark, table, declared_struct(self.spark, out_schema))
 
     def _call(self, payload: bytes) -> list[dict[str, Any]]:
         """Send one kernel call to every resident task; relaunch the job and send it again
