@@ -510,3 +510,59 @@ def test_a_killed_resident_worker_is_relaunched_and_the_round_recomputed(spark):
     assert interrupted.outputs["acc"].first()["acc"] == uninterrupted.outputs["acc"].first()["acc"]
     assert interrupted.outputs["acc"].first()["acc"] == 15 * sum(range(600))
     assert [p.resident for p in interrupted.history] == [True] * 5
+
+
+def test_to_arrow_reads_rows_held_on_the_driver_without_a_job(spark):
+    held = spark.createDataFrame(pa.table({"id": [1, 2], "w": [[0.5, 1.5], [2.5]]}))
+    before = jobs_started(spark)
+    table = itf.to_arrow(held)  # rows in the plan: no Spark job
+    assert jobs_started(spark) == before
+    assert table.to_pylist() == [{"id": 1, "w": [0.5, 1.5]}, {"id": 2, "w": [2.5]}]
+    in_spark = spark.range(3).selectExpr("id", "id * 2 AS twice")
+    assert itf.to_arrow(in_spark).to_pylist() == in_spark.toArrow().to_pylist()
+
+
+def test_a_resident_result_is_a_full_dataframe_for_joins_and_checkpoints(spark, tmp_path):
+    """The model a resident kernel returns is rows on the driver; the next round joins it
+    with Spark data and durable checkpoints write it, as any DataFrame."""
+    points = spark.createDataFrame(pa.table({"x": np.arange(40.0)})).repartition(2)
+    keys = spark.createDataFrame([(1, "a"), (2, "b")], "k long, name string")
+    names: list[str] = []
+
+    @itf.body
+    def step(model, points, ctx):
+        names.extend(r["name"] for r in model.join(keys, "k").collect())  # a Spark join
+        total = float(itf.to_arrow(model).column("s")[0].as_py())
+        new_model = ctx.columnar(points).map(
+            lambda table: pa.table({"p": [float(np.sum(table["x"].to_numpy()))]}),
+            "p DOUBLE",
+            combine=lambda batches: iter(
+                [
+                    pa.RecordBatch.from_pydict(
+                        {"k": [2], "s": [total + sum(b["p"].to_numpy().sum() for b in batches)]}
+                    )
+                ]
+            ),
+            combine_schema="k LONG, s DOUBLE",
+        )
+        return itf.Declaration(feedback={"model": new_model}, outputs={"model": new_model})
+
+    result = (
+        itf.BoundedIteration(step)
+        .bind("model", spark.createDataFrame([(1, 0.0)], "k long, s double"))
+        .bind("points", points)
+        .until(itf.max_rounds(3))
+        .run(progress=False, checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=1)
+    )
+    assert names == ["a", "b", "b"]
+    assert result.outputs["model"].collect()[0]["s"] == 3 * sum(range(40))
+    assert result.outputs["model"].count() == 1
+    resumed = (
+        itf.BoundedIteration(step)
+        .bind("model", spark.createDataFrame([(1, 0.0)], "k long, s double"))
+        .bind("points", points)
+        .until(itf.max_rounds(4))
+        .run(progress=False, checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=1)
+    )
+    assert resumed.resumed_from is not None  # the checkpoint wrote the held model
+    assert resumed.outputs["model"].collect()[0]["s"] == 4 * sum(range(40))
