@@ -26,8 +26,8 @@ resident job's group is cancelled besides.
 
 Slots: resident tasks hold their task slots for the whole run, while a round may
 also run ordinary Spark jobs (DataFrame steps, observations, checkpoint writes).
-So at most one resident task runs per executor, and all the run's resident tasks
-together take at most half the cluster's task slots; with fewer than two slots
+So a run starts at most as many resident tasks as there are executors, and all
+its resident tasks together take at most half the cluster's task slots; with fewer than two slots
 nothing is made resident. A resident task runs the kernels of its partitions one
 after another.
 
@@ -445,7 +445,9 @@ class ResidentData:
         """Send every task its message; their replies, in task order."""
         from pyspark import cloudpickle
 
-        for task, stream in self._streams.items():
+        with self._lock:
+            streams = dict(self._streams)
+        for task, stream in streams.items():
             stream.outbox.put(cloudpickle.dumps(message(task)))
         replies: dict[int, dict[str, Any]] = {}
         while len(replies) < self.tasks:
