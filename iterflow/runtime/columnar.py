@@ -242,6 +242,11 @@ def _held_frame_class() -> type:
     class HeldFrame(ClassicDataFrame):
         """A classic DataFrame whose JVM Dataset is a local relation made on first use."""
 
+        def __new__(cls, *args: Any) -> Any:
+            # PySpark's DataFrame.__new__ takes (jdf, session) and, in some versions
+            # (4.0.0), builds a classic DataFrame from them: make this class's object.
+            return object.__new__(cls)
+
         def __init__(self, spark: SparkSession, table: pa.Table, schema: StructType) -> None:
             # What the classic DataFrame's constructor sets, less the JVM Dataset.
             self._session = spark
