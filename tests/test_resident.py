@@ -547,22 +547,19 @@ def test_a_resident_result_is_a_full_dataframe_for_joins_and_checkpoints(spark, 
         )
         return itf.Declaration(feedback={"model": new_model}, outputs={"model": new_model})
 
-    result = (
-        itf.BoundedIteration(step)
-        .bind("model", spark.createDataFrame([(1, 0.0)], "k long, s double"))
-        .bind("points", points)
-        .until(itf.max_rounds(3))
-        .run(progress=False, checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=1)
-    )
+    def run(rounds: int) -> itf.IterationResult:
+        return (
+            itf.BoundedIteration(step)
+            .bind("model", spark.createDataFrame([(1, 0.0)], "k long, s double"))
+            .bind("points", points)
+            .until(itf.max_rounds(rounds))
+            .run(progress=False, checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=1)
+        )
+
+    result = run(3)
     assert names == ["a", "b", "b"]
     assert result.outputs["model"].collect()[0]["s"] == 3 * sum(range(40))
     assert result.outputs["model"].count() == 1
-    resumed = (
-        itf.BoundedIteration(step)
-        .bind("model", spark.createDataFrame([(1, 0.0)], "k long, s double"))
-        .bind("points", points)
-        .until(itf.max_rounds(4))
-        .run(progress=False, checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=1)
-    )
+    resumed = run(4)  # a finished run goes on from its last checkpoint
     assert resumed.resumed_from is not None  # the checkpoint wrote the held model
     assert resumed.outputs["model"].collect()[0]["s"] == 4 * sum(range(40))
