@@ -563,3 +563,19 @@ def test_a_resident_result_is_a_full_dataframe_for_joins_and_checkpoints(spark, 
     resumed = run(4)  # a finished run goes on from its last checkpoint
     assert resumed.resumed_from is not None  # the checkpoint wrote the held model
     assert resumed.outputs["model"].collect()[0]["s"] == 4 * sum(range(40))
+
+
+def test_a_held_frame_makes_one_jvm_dataset_when_threads_race_for_it(spark):
+    """A checkpoint writer thread and the next body may both need a held variable's
+    Dataset: columns of one must resolve in joins built from the other."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from iterflow.runtime.columnar import held_frame
+
+    table = pa.table({"id": pa.array(range(50), pa.int64())})
+    frame = held_frame(spark, table, spark.createDataFrame(table).schema)
+    with ThreadPoolExecutor(8) as pool:
+        made = list(pool.map(lambda _: frame._jdf, range(8)))
+    assert all(jdf is made[0] for jdf in made)
+    other = spark.range(50)
+    assert frame.join(other, frame.id == other.id).count() == 50

@@ -28,6 +28,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
@@ -258,14 +259,21 @@ def _held_frame_class() -> type:
 
         @property
         def _jdf(self) -> Any:
-            made = self.__dict__.get("_made_jdf")
-            if made is None:
-                table = self.__dict__[_HELD_ATTRIBUTE].combine_chunks()
-                made = self._session.createDataFrame(table, schema=self.schema)._jdf
-                self.__dict__["_made_jdf"] = made
+            # Once: a column taken from one Dataset does not resolve in another, and a
+            # checkpoint writer thread may ask for it while the next body does.
+            with _MAKING:
+                made = self.__dict__.get("_made_jdf")
+                if made is None:
+                    table = self.__dict__[_HELD_ATTRIBUTE].combine_chunks()
+                    made = self._session.createDataFrame(table, schema=self.schema)._jdf
+                    self.__dict__["_made_jdf"] = made
             return made
 
     return HeldFrame
+
+
+#: Held frames make their JVM Dataset under this lock, so each makes exactly one.
+_MAKING = threading.RLock()
 
 
 class _LazyClass:
