@@ -579,3 +579,18 @@ def test_a_held_frame_makes_one_jvm_dataset_when_threads_race_for_it(spark):
     assert all(jdf is made[0] for jdf in made)
     other = spark.range(50)
     assert frame.join(other, frame.id == other.id).count() == 50
+
+
+def test_too_few_task_slots_fall_back_with_the_reason(spark, tmp_path, monkeypatch):
+    """One slot (local[1], say): a resident task would leave none for the round's jobs."""
+    points = spark.createDataFrame(pa.table({"x": np.arange(30.0)})).repartition(2)
+    monkeypatch.setattr(resident, "_task_slots", lambda context: (1, 1))
+    result = run_sums(spark, points, event_log=tmp_path / "slots.jsonl")
+    assert result.outputs["acc"].first()["acc"] == 6 * sum(range(30))
+    described = started_event(tmp_path / "slots.jsonl")["resident"]
+    assert described["mode"] == "jobs" and "fewer free task slots" in described["reason"]
+    with (
+        settings(spark, **{RESIDENT_CONF: "on"}),
+        pytest.raises(itf.IterflowError, match="fewer free task slots"),
+    ):
+        run_sums(spark, points)
