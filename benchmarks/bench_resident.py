@@ -695,6 +695,10 @@ def main() -> None:
             "no-op round, old body (bench_noop_round), this run (s)",
             noop["old_noop_body"]["duration_s_median"],
         ),
+        (
+            "no-op round, bench_noop_round.json as recorded (s)",
+            noop.get("bench_noop_round_json", {}).get("iterflow_duration_s_median"),
+        ),
         ("no-op kernel round: resident / off", noop["ratio_resident_over_off"]),
         ("no-op: resident / old no-op body", noop["ratio_resident_over_old_noop_body"]),
         (
