@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -584,7 +585,7 @@ def test_a_held_frame_makes_one_jvm_dataset_when_threads_race_for_it(spark):
 def test_too_few_task_slots_fall_back_with_the_reason(spark, tmp_path, monkeypatch):
     """One slot (local[1], say): a resident task would leave none for the round's jobs."""
     points = spark.createDataFrame(pa.table({"x": np.arange(30.0)})).repartition(2)
-    monkeypatch.setattr(resident, "_task_slots", lambda context: (1, 1))
+    monkeypatch.setattr(resident, "_task_slots", lambda context: 1)
     result = run_sums(spark, points, event_log=tmp_path / "slots.jsonl")
     assert result.outputs["acc"].first()["acc"] == 6 * sum(range(30))
     described = started_event(tmp_path / "slots.jsonl")["resident"]
@@ -594,3 +595,44 @@ def test_too_few_task_slots_fall_back_with_the_reason(spark, tmp_path, monkeypat
         pytest.raises(itf.IterflowError, match="fewer free task slots"),
     ):
         run_sums(spark, points)
+
+
+def test_a_kernel_that_cannot_be_unpickled_in_the_task_fails_its_round(spark, tmp_path):
+    """Named by the round's error, not relaunched as a lost task (nothing was lost)."""
+    module = tmp_path / "driver_only_kernels.py"
+    module.write_text(
+        "import pyarrow as pa\n\ndef kernel(table):\n    return pa.table({'s': [1.0]})\n"
+    )
+    points = spark.createDataFrame(pa.table({"x": np.arange(10.0)})).repartition(2)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from driver_only_kernels import kernel  # importable here, not in the Python workers
+
+        seen: list = []
+
+        @itf.body
+        def step(acc, points, ctx):
+            data = ctx.columnar(points)
+            seen.append(data)
+            new_acc = data.map(
+                kernel,
+                "s DOUBLE",
+                combine=lambda batches: iter([pa.RecordBatch.from_pydict({"acc": [1.0]})]),
+                combine_schema="acc DOUBLE",
+            )
+            return itf.Declaration(feedback={"acc": new_acc})
+
+        with (
+            settings(spark, **{RESIDENT_CONF: "on"}),
+            pytest.raises(itf.RoundError, match=r"epoch 0.*driver_only_kernels"),
+        ):
+            (
+                itf.BoundedIteration(step)
+                .bind("acc", spark.createDataFrame([(0.0,)], "acc double"))
+                .bind("points", points)
+                .until(itf.max_rounds(2))
+                .run(progress=False)
+            )
+        assert seen[0].launches == 1
+    finally:
+        sys.path.remove(str(tmp_path))

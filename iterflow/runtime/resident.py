@@ -26,8 +26,8 @@ resident job's group is cancelled besides.
 
 Slots: resident tasks hold their task slots for the whole run, while a round may
 also run ordinary Spark jobs (DataFrame steps, observations, checkpoint writes).
-So a run starts at most as many resident tasks as there are executors, and all
-its resident tasks together take at most half the cluster's task slots; with fewer than two slots
+So all the resident tasks of a run together take at most half the cluster's
+task slots (one task on ``local[2]``, four on ``local[8]``); with fewer than two slots
 nothing is made resident. A resident task runs the kernels of its partitions one
 after another.
 
@@ -228,20 +228,20 @@ def _loop(
                 parts[part] = _prepared([], prepare, schema)
             channel.send({"rows": {p: t.num_rows for p, t in parts.items()}})
             continue
-        channel.send(_serve(cloudpickle.loads(message["call"]), parts))
+        try:
+            call = cloudpickle.loads(message["call"])
+        except Exception as error:  # e.g. a kernel's module missing on this executor
+            channel.send({"error": f"{type(error).__name__}: {error}", "trace": ""})
+            continue
+        channel.send(_serve(call, parts))
 
 
 # -- the driver side ------------------------------------------------------------
 
 
-def _task_slots(context: SparkContext) -> tuple[int, int]:
-    """(executors, task slots) of the cluster now; a local master is one executor."""
-    slots = max(int(context.defaultParallelism), 1)
-    master = str(context.master)
-    if master.startswith("local") and not master.startswith("local-cluster"):
-        return 1, slots
-    registered = int(context._jsc.sc().getExecutorMemoryStatus().size()) - 1  # less the driver
-    return max(registered, 1), slots
+def _task_slots(context: SparkContext) -> int:
+    """Task slots of the cluster now: cores of the registered executors (local: N)."""
+    return max(int(context.defaultParallelism), 1)
 
 
 def _busy_slots(context: SparkContext) -> int:
@@ -302,16 +302,18 @@ class ResidentData:
         self.spark = df.sparkSession
         self.context: SparkContext = self.spark.sparkContext
         self.plane = plane
-        self.tasks = tasks
+        self.partitions = int(df.rdd.getNumPartitions())
+        if self.partitions == 0:
+            raise ResidentUnavailable("the data has no partitions")
+        self.tasks = min(tasks, self.partitions)  # coalesce makes no more tasks than that
         self.limit = limit
         self.job = uuid.uuid4().hex[:12]
-        self.partitions = int(df.rdd.getNumPartitions())
         self.rows = 0
         self.calls = 0  # kernel calls answered, for the rounds' ``resident`` flag
         self.launches = 0
         self._prepare = prepare
         self._schema = _declared_arrow_schema(self.spark, df.schema)
-        self._input = df.withColumn(PARTITION_COLUMN, F.spark_partition_id()).coalesce(tasks)
+        self._input = df.withColumn(PARTITION_COLUMN, F.spark_partition_id()).coalesce(self.tasks)
         self._arrivals: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._streams: dict[int, _Stream] = {}
         self._generation = 0
@@ -622,9 +624,9 @@ class ResidentPolicy:
 
     def _resident(self, df: DataFrame, prepare: Prepare | None) -> ResidentData:
         context = self.spark.sparkContext
-        executors, slots = _task_slots(context)
+        slots = _task_slots(context)
         held = sum(data.tasks for data in self.loaded)
-        tasks = min(executors, slots // 2 - held)
+        tasks = slots // 2 - held
         if tasks < 1:
             raise ResidentUnavailable(
                 f"fewer free task slots than resident tasks: {slots} slot(s), {held} held by "
