@@ -32,7 +32,7 @@ class DivergenceError(IterflowError, ArithmeticError):
 _RAISED = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
 
 
-def _gist(cause: BaseException) -> str:
+def gist(cause: BaseException) -> str:
     """The first line of ``cause``; for an error from a Python worker, which opens with
     a header and a traceback, the error the worker raised."""
     lines = str(cause).strip().splitlines()
@@ -55,7 +55,7 @@ class RoundError(IterflowError):
     """
 
     def __init__(self, epoch: int, stage: str, cause: BaseException) -> None:
-        super().__init__(f"epoch {epoch} failed in {stage}: {type(cause).__name__}: {_gist(cause)}")
+        super().__init__(f"epoch {epoch} failed in {stage}: {type(cause).__name__}: {gist(cause)}")
         self.epoch = epoch
         self.stage = stage
 

@@ -636,3 +636,44 @@ def test_a_kernel_that_cannot_be_unpickled_in_the_task_fails_its_round(spark, tm
         assert seen[0].launches == 1
     finally:
         sys.path.remove(str(tmp_path))
+
+
+def test_kernel_columns_are_taken_by_position_and_a_wrong_count_is_named(spark):
+    """As mapInArrow does: names come from the declared schema, whatever the kernel called
+    its columns; a kernel with too few columns fails its round saying so."""
+    points = spark.createDataFrame(pa.table({"x": np.arange(20.0)})).repartition(2)
+
+    def run(kernel):
+        @itf.body
+        def step(acc, points, ctx):
+            sums = ctx.columnar(points).map(kernel, "total DOUBLE, n LONG")
+            return itf.Declaration(feedback={"acc": acc}, outputs={"sums": sums})
+
+        result = (
+            itf.BoundedIteration(step)
+            .bind("acc", spark.createDataFrame([(0.0,)], "acc double"))
+            .bind("points", points)
+            .until(itf.max_rounds(1))
+            .run(progress=False)
+        )
+        return sorted(tuple(r) for r in result.outputs["sums"].collect()), itf.to_arrow(
+            result.outputs["sums"]
+        ).column_names
+
+    def renamed(table: pa.Table) -> pa.Table:
+        return pa.table({"s": [float(np.sum(table["x"].to_numpy()))], "count": [table.num_rows]})
+
+    resident_sums, jobs_sums = both_paths(spark, lambda: run(renamed))
+    assert resident_sums == jobs_sums
+    rows = resident_sums[0]
+    assert sum(total for total, _ in rows) == 190.0 and sum(n for _, n in rows) == 20
+    assert resident_sums[1] == ["total", "n"]
+
+    def too_few(table: pa.Table) -> pa.Table:
+        return pa.table({"s": [1.0]})
+
+    with (
+        settings(spark, **{RESIDENT_CONF: "on"}),
+        pytest.raises(itf.RoundError, match=r"epoch 0.*1 column\(s\) \['s'\].*total, n"),
+    ):
+        run(too_few)

@@ -94,7 +94,9 @@ class RoundLoop:
         self.state: dict[str, Any] = {}
         self.emitter = Emitter()
         spark = next(iter(inputs.values())).sparkSession
-        self.caches = CacheRegistry(ResidentPolicy(spark))
+        residency = ResidentPolicy(spark)
+        residency.on_decided = observers.flush_start
+        self.caches = CacheRegistry(residency)
         self.history: list[RoundProgress] = []
         # Rows of each variable in the last round: small ones are held on the driver.
         self.variable_rows: dict[str, int] = {}

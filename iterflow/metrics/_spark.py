@@ -17,6 +17,7 @@ dropped, as Spark drops those of failed attempts).
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -138,6 +139,10 @@ class SparkBridge:
         self._context: SparkContext | None = None
         self._accumulator: Accumulator[dict[Key, State]] | None = None
         self._unrecorded: set[str] = set()  # metrics warned about over Spark Connect
+        # What resident kernel calls recorded: kept apart from the accumulator's value,
+        # which the accumulator server thread updates on its own.
+        self._resident: dict[Key, State] = {}
+        self._resident_lock = threading.Lock()
 
     def on_executor(self) -> bool:
         return TaskContext.get() is not None
@@ -173,9 +178,8 @@ class SparkBridge:
 
     def merge(self, updates: dict[Key, State]) -> None:
         """Add what a resident kernel call recorded (``captured``) to the executors' states."""
-        if updates:
-            accumulator = self.accumulator()
-            accumulator._value = _StatesParam().addInPlace(accumulator._value, updates)
+        with self._resident_lock:
+            _StatesParam().addInPlace(self._resident, updates)
 
     def executor_states(self, run_id: str) -> ExecutorStates:
         """What executors recorded for ``run_id``: ``(epoch, name, kind) -> state``."""
@@ -194,17 +198,24 @@ class SparkBridge:
         self._drop([key for key in self._states() if key[0] == run_id and key[1] in sealed])
 
     def _states(self) -> dict[Key, State]:
-        """A copy of the accumulator's value; empty without one for the active context."""
+        """What executors recorded: a copy of the accumulator's value (none without one
+        for the active context) with what resident kernel calls recorded added."""
         accumulator = self._accumulator
-        if accumulator is None or self._context is not SparkContext._active_spark_context:
-            return {}
-        # A C-level copy: the accumulator server thread may be merging meanwhile.
-        return dict(accumulator._value)
+        states: dict[Key, State] = {}
+        if accumulator is not None and self._context is SparkContext._active_spark_context:
+            # A C-level copy: the accumulator server thread may be merging meanwhile.
+            states = dict(accumulator._value)
+        with self._resident_lock:
+            return _StatesParam().addInPlace(states, self._resident)
 
     def _drop(self, keys: Iterable[Key]) -> None:
+        keys = list(keys)
         if self._accumulator is not None:
             for key in keys:
                 self._accumulator._value.pop(key, None)
+        with self._resident_lock:
+            for key in keys:
+                self._resident.pop(key, None)
 
     @contextmanager
     def round_property(

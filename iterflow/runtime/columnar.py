@@ -151,11 +151,17 @@ def _declared_arrow_schema(spark: SparkSession, schema: StructType | str) -> pa.
 
 
 def _conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
-    """``batch`` with the column types Spark expects. numpy picks types by value, not by
-    declaration (an empty ``np.bincount`` is int64 even with float weights), and Spark
-    reads a mistyped Arrow column with the declared type's accessor, failing or worse."""
-    if batch.num_columns != len(target) or batch.schema.types == target.types:
-        return batch  # a wrong column count is Spark's to report
+    """``batch`` with the column types and names Spark expects, taken by position as
+    ``mapInArrow`` takes them. numpy picks types by value, not by declaration (an empty
+    ``np.bincount`` is int64 even with float weights), and Spark reads a mistyped Arrow
+    column with the declared type's accessor, failing or worse."""
+    if batch.num_columns != len(target):
+        raise IterflowTypeError(
+            f"a kernel returned {batch.num_columns} column(s) {batch.schema.names} where "
+            f"{len(target)} were declared ({', '.join(target.names)})"
+        )
+    if batch.schema.types == target.types and batch.schema.names == target.names:
+        return batch
     try:
         pairs = zip(batch.columns, target.types, strict=True)
         columns = [column.cast(kind) for column, kind in pairs]
@@ -164,7 +170,7 @@ def _conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
             f"a kernel returned columns {batch.schema.types} where {target.types} were "
             f"declared: {error}"
         ) from error
-    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
+    return pa.RecordBatch.from_arrays(columns, names=target.names)
 
 
 @attrs.frozen
@@ -265,7 +271,12 @@ def _held_frame_class() -> type:
                 made = self.__dict__.get("_made_jdf")
                 if made is None:
                     table = self.__dict__[_HELD_ATTRIBUTE].combine_chunks()
-                    made = self._session.createDataFrame(table, schema=self.schema)._jdf
+                    try:
+                        made = self._session.createDataFrame(table, schema=self.schema)._jdf
+                    except AttributeError as error:  # not to pass for a missing attribute
+                        raise RuntimeError(
+                            f"cannot make the held rows a Dataset: {error}"
+                        ) from error
                     self.__dict__["_made_jdf"] = made
             return made
 

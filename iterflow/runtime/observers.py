@@ -105,9 +105,10 @@ class RunObservers:
     ) -> None:
         """The run starts, at round 0 or after the checkpoint of epoch ``resumed_from``.
 
-        Its ``iteration_started`` event waits for the first event after it (the first
-        round's end, or the run's): only the first round's body shows whether its
-        kernels run resident, which ``resident`` then tells.
+        Its ``iteration_started`` event waits until ``flush_start`` (called when the
+        run's resident mode is decided) or the first event after it (the first round's
+        end, or the run's): only the first round's body shows whether its kernels run
+        resident, which ``resident`` then tells.
         """
         if resumed_from is not None:
             self._bar.resume(resumed_from + 1)
@@ -124,7 +125,8 @@ class RunObservers:
                 **described, resident=(resident() if resident else UNBOUNDED).describe()
             )
 
-    def _flush_start(self) -> None:
+    def flush_start(self) -> None:
+        """Write the pending ``iteration_started`` event now (once)."""
         pending, self._pending_start = self._pending_start, None
         if pending is not None:
             pending()
@@ -171,7 +173,7 @@ class RunObservers:
                 stacklevel=5,
             )
         if self._log is not None:
-            self._flush_start()
+            self.flush_start()
             self._log.round_end(run_id=self.run_id, progress=progress)
         self._bar.round_end(progress, max_rounds=max_rounds_of(conditions))
 
@@ -181,7 +183,7 @@ class RunObservers:
         self.metrics.roll_back(epoch + 1)
         self._bar.resume(epoch + 1)
         if self._log is not None:
-            self._flush_start()
+            self.flush_start()
             self._log.rolled_back(run_id=self.run_id, to_epoch=epoch)
 
     def round_completed(self, epoch: int) -> None:
@@ -191,7 +193,7 @@ class RunObservers:
         """The run ended normally; returns the metric totals."""
         totals = self.metrics.finish()
         if self._log is not None:
-            self._flush_start()
+            self.flush_start()
             self._log.iteration_terminated(
                 run_id=self.run_id,
                 termination=termination,
@@ -206,7 +208,7 @@ class RunObservers:
         """The run failed in round ``epoch`` (None: before its first round)."""
         totals = self.metrics.finish()
         if self._log is not None:
-            self._flush_start()
+            self.flush_start()
             self._log.iteration_failed(
                 run_id=self.run_id,
                 epoch=epoch,
@@ -221,7 +223,7 @@ class RunObservers:
         self._bar.close("stopped")  # a no-op once the run's outcome closed it
         try:
             if self._log is not None:
-                self._flush_start()
+                self.flush_start()
             self._pusher.stop()
         finally:
             REGISTRY.end_run(self.metrics)

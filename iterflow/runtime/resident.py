@@ -63,7 +63,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
+from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError, gist
 from iterflow.metrics._spark import BRIDGE, ROUND_PROPERTY, captured
 from iterflow.runtime.columnar import (
     FILE_COLUMN,
@@ -197,7 +197,12 @@ def task_main(
             # Said in the job's result, not by failing it: Spark would retry the task.
             yield _task_row(task, f"{location}: {str(error).splitlines()[0]}")
             return
-        parts, sent = _load(batches, prepare, schema, limit)
+        try:
+            parts, sent = _load(batches, prepare, schema, limit)
+        except Exception as error:  # prepare failed: said, not retried by Spark as a loss
+            channel.send({"bytes": 0, "error": f"{type(error).__name__}: {error}"})
+            yield _task_row(task, None)
+            return
         channel.send({"rows": {p: t.num_rows for p, t in parts.items()}, "bytes": sent})
         _loop(channel, parts, prepare, schema)
         yield _task_row(task, None)
@@ -240,8 +245,14 @@ def _loop(
 
 
 def _task_slots(context: SparkContext) -> int:
-    """Task slots of the cluster now: cores of the registered executors (local: N)."""
-    return max(int(context.defaultParallelism), 1)
+    """Tasks the cluster runs at once now, as Spark counts them for barrier stages
+    (executor cores over ``spark.task.cpus``; ``local[N]``: N)."""
+    scala = context._jsc.sc()
+    try:
+        profile = scala.resourceProfileManager().defaultResourceProfile()
+        return max(int(scala.maxNumConcurrentTasks(profile)), 1)
+    except Exception:  # an internal method that moved: the cores Spark defaults to
+        return max(int(context.defaultParallelism), 1)
 
 
 def _busy_slots(context: SparkContext) -> int:
@@ -319,6 +330,7 @@ class ResidentData:
         self._generation = 0
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._calling = threading.Lock()
         plane.register(self.job, self._serve_stream)
 
     # -- lifecycle ----------------------------------------------------------------
@@ -337,10 +349,15 @@ class ResidentData:
             if left <= 0 and len(self._streams) < self.tasks:
                 raise ResidentUnavailable(
                     f"only {len(self._streams)} of {self.tasks} resident task(s) started within "
-                    f"{START_TIMEOUT_S:.0f} s: fewer free task slots than resident tasks"
+                    f"{START_TIMEOUT_S:.0f} s: fewer free task slots than resident tasks, or "
+                    "Spark stages before them (a shuffle of the data) took longer than that"
                 )
             kind, task, value = self._next(max(left, 0.05) if left > 0 else 1.0)
             if kind == "ready":
+                if "error" in value:
+                    raise ResidentUnavailable(
+                        f"prepare failed in a resident task: {value['error']}"
+                    )
                 ready[task] = value
             elif kind == "lost":
                 raise ResidentTaskLost(f"resident task {task} was lost while loading: {value}")
@@ -367,7 +384,7 @@ class ResidentData:
             generation,
             self._prepare,
             self._schema,
-            self.limit,
+            self.limit // self.tasks + 1,  # no task holds more than its share of the limit
         )
         mapped = self._input.mapInArrow(function, "task INT, unreachable STRING")
         group = f"iterflow-resident-{self.job}-{generation}"
@@ -434,7 +451,7 @@ class ResidentData:
     def _ended(self, outcome: Any) -> None:
         """The resident job ended while the driver still needed it."""
         if isinstance(outcome, BaseException):
-            raise ResidentTaskLost(f"the resident job failed: {str(outcome).splitlines()[0]}")
+            raise ResidentTaskLost(f"the resident job failed: {gist(outcome)}")
         unreachable = [row["unreachable"] for row in outcome if row["unreachable"]]
         if unreachable:
             raise ResidentUnavailable(
@@ -526,30 +543,28 @@ class ResidentData:
 
     def _call(self, payload: bytes) -> list[dict[str, Any]]:
         """Send one kernel call to every resident task; relaunch the job and send it again
-        when a task is lost on the way (at most ``RELAUNCHES`` times)."""
-        for attempt in range(RELAUNCHES + 1):
-            try:
-                replies = self._exchange(lambda _task: {"call": payload})
-            except ResidentTaskLost as lost:
-                if attempt == RELAUNCHES:
-                    raise IterflowError(
-                        f"resident tasks were lost {attempt + 1} times in one kernel call "
-                        f"(last: {lost}); set {RESIDENT_CONF}=off to run kernels as Spark jobs"
-                    ) from lost
-                self.stop(cancel=True)
-                self._relaunch()
-                continue
-            failed = [reply for reply in replies if "error" in reply]
-            if failed:
-                raise KernelError(f"{failed[0]['error']}\n{failed[0]['trace']}")
-            return replies
-        raise AssertionError("unreachable")
-
-    def _relaunch(self) -> None:
-        try:
-            self.start()
-        except ResidentUnavailable as error:
-            raise IterflowError(f"resident tasks could not be started again: {error}") from error
+        when a task is lost on the way, or while reloading (``RELAUNCHES`` times at most).
+        One call at a time: the replies carry no call of their own."""
+        with self._calling:
+            lost: Exception | None = None
+            for _attempt in range(RELAUNCHES + 1):
+                try:
+                    if lost is not None:
+                        self.stop(cancel=True)
+                        self.start()
+                    replies = self._exchange(lambda _task: {"call": payload})
+                except (ResidentTaskLost, ResidentUnavailable) as error:
+                    lost = error
+                    continue
+                failed = [reply for reply in replies if "error" in reply]
+                if failed:
+                    raise KernelError(f"{failed[0]['error']}\n{failed[0]['trace']}")
+                return replies
+            self.stop(cancel=True)
+            raise IterflowError(
+                f"resident tasks were lost {RELAUNCHES + 1} times in one kernel call "
+                f"(last: {lost}); set {RESIDENT_CONF}=off to run kernels as Spark jobs"
+            ) from lost
 
     def __repr__(self) -> str:
         return (
@@ -586,6 +601,8 @@ class ResidentPolicy:
         if setting == "on" and self.reason is not None:
             self._refuse(self.reason)
         self.decision: Residency | None = None
+        #: Called once the run's mode is known (its ``iteration_started`` event can go).
+        self.on_decided: Callable[[], None] | None = None
         self.loaded: list[ResidentData] = []
         self._plane: DataPlane | None = None
 
@@ -618,6 +635,10 @@ class ResidentPolicy:
                 self._refuse(str(error))
             self._decide(Residency("jobs", str(error)))
             return None
+        except BaseException:  # interrupted while loading (Ctrl-C), or a JVM error
+            if data is not None:
+                data.release()
+            raise
         self.loaded.append(data)
         self._decide(Residency("resident"))
         return data
@@ -663,6 +684,8 @@ class ResidentPolicy:
     def _decide(self, residency: Residency) -> None:
         if self.decision is None:
             self.decision = residency
+            if self.on_decided is not None:
+                self.on_decided()
 
     def _refuse(self, reason: str) -> None:
         raise IterflowError(
