@@ -101,6 +101,30 @@ def observation_ready(observation: Observation) -> bool:
     return bool(handle.future().isCompleted())
 
 
+#: How long to wait for Spark's listener bus to deliver observations, in milliseconds.
+_DELIVERY_WAIT_MS = 2_000
+
+
+def await_observations(observations: list[Observation]) -> None:
+    """Let Spark deliver ``observations`` of jobs that ran: on some versions (4.0) a
+    classic Observation is completed by a listener on Spark's asynchronous listener bus,
+    after the job has returned. Waits for the bus to empty (at most two seconds) when
+    one of them is not completed yet; one that no job evaluated stays incomplete."""
+    handles = [getattr(o, "_jo", None) for o in observations]
+    pending = [h for h in handles if h is not None and not h.future().isCompleted()]
+    if not pending:
+        return
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if context is None:
+        return
+    try:
+        context._jsc.sc().listenerBus().waitUntilEmpty(_DELIVERY_WAIT_MS)
+    except Exception:  # a timeout, or the method moved: report what was delivered
+        log.debug("Spark's listener bus did not empty in time", exc_info=True)
+
+
 def deliver_observations(df: DataFrame) -> None:
     """After a command on the Spark Connect DataFrame ``df`` (such as ``localCheckpoint``),
     hand its observed metrics to the plan's ``Observation`` objects.

@@ -7,6 +7,7 @@ from pyspark.sql import DataFrame, Observation
 from iterflow.body import Lifecycle
 from iterflow.errors import IterflowTypeError, IterflowValueError
 from iterflow.runtime.columnar import ColumnarData, Prepare, plan_key
+from iterflow.runtime.jvm import await_observations
 from iterflow.runtime.materialize import (
     observe_rows,
     observed_rows,
@@ -95,4 +96,5 @@ class SparkRoundScope:
         return self._caches.columnar(df, prepare)
 
     def observed(self) -> dict[str, int | None]:
+        await_observations(list(self._observations.values()))
         return {name: observed_rows(obs) for name, obs in self._observations.items()}
