@@ -284,6 +284,9 @@ def test_off_and_too_much_data_fall_back_with_the_reason_in_the_event_log(spark,
         run_sums(spark, points)
     with settings(spark, **{RESIDENT_CONF: "sometimes"}), pytest.raises(itf.IterflowError):
         run_sums(spark, points)
+    from iterflow.metrics.registry import REGISTRY
+
+    assert REGISTRY._runs == []  # refused before the run began: nothing left registered
 
 
 def test_a_body_without_columnar_data_says_so(spark, tmp_path):

@@ -20,6 +20,7 @@ from iterflow.runtime.builder import (
 )
 from iterflow.runtime.checkpoint import Checkpointing, CheckpointOptions, fingerprint
 from iterflow.runtime.observers import ObserverOptions, RunObservers
+from iterflow.runtime.resident import ResidentPolicy
 from iterflow.runtime.rounds import driver_rows
 from iterflow.runtime.schema import describe_inputs
 from iterflow.termination import Condition
@@ -100,6 +101,7 @@ class BoundedIteration(IterationBuilder):
         check_progress_option(progress)
         active, inputs = self._bound_inputs(spark)
         held_rows = driver_rows(active)
+        residency = ResidentPolicy(active)  # checks spark.iterflow.resident before anything starts
         replay = {name for name, b in self._bindings.items() if b.replay}
         options = ObserverOptions(progress=progress, event_log=event_log, sinks=tuple(self._sinks))
         checkpointing = None
@@ -127,6 +129,7 @@ class BoundedIteration(IterationBuilder):
                 options=options,
                 static_conditions=self._conditions,
             ),
+            residency=residency,
             checkpointing=checkpointing,
             driver_rows=held_rows,
         )

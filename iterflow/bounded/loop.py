@@ -73,6 +73,7 @@ class RoundLoop:
         conditions: tuple[Condition, ...],
         listeners: ListenerSet,
         observers: RunObservers,
+        residency: ResidentPolicy,
         checkpointing: Checkpointing | None = None,
         driver_rows: int = DRIVER_ROWS,
     ) -> None:
@@ -93,10 +94,9 @@ class RoundLoop:
         )
         self.state: dict[str, Any] = {}
         self.emitter = Emitter()
-        spark = next(iter(inputs.values())).sparkSession
-        residency = ResidentPolicy(spark)
-        residency.on_decided = observers.flush_start
-        self.caches = CacheRegistry(residency)
+        self.residency = residency
+        self.residency.on_decided = observers.flush_start
+        self.caches = CacheRegistry(self.residency)
         self.history: list[RoundProgress] = []
         # Rows of each variable in the last round: small ones are held on the driver.
         self.variable_rows: dict[str, int] = {}
@@ -124,7 +124,7 @@ class RoundLoop:
                 self.replay,
                 self.conditions,
                 resumed_from,
-                resident=self.caches.residency.residency,  # type: ignore[union-attr]
+                resident=self.residency.residency,
             )
             started = True
             if restored is not None:

@@ -38,9 +38,11 @@ import attrs
 import pyarrow as pa
 import pyarrow.fs as pafs
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 from pyspark.sql.types import IntegerType, StructType
 
 from iterflow.errors import IterflowError, IterflowTypeError
+from iterflow.runtime.session import spark_context
 
 DIRECTORY_CONF = "spark.iterflow.columnar.dir"
 
@@ -237,69 +239,47 @@ def held_frame(spark: SparkSession, table: pa.Table, schema: StructType) -> Data
     resident round would otherwise cost. Over Spark Connect it is an ordinary local
     DataFrame.
     """
-    if not hasattr(spark, "_jsparkSession"):
+    if spark_context(spark) is None:
         # One chunk: PySpark 4.0.0's Connect client keeps only the first chunk of a table.
         return hold_on_driver(spark.createDataFrame(table.combine_chunks(), schema=schema), table)
     return _HeldFrame(spark, table, schema)
-
-
-def _held_frame_class() -> type:
-    from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
-
-    class HeldFrame(ClassicDataFrame):
-        """A classic DataFrame whose JVM Dataset is a local relation made on first use."""
-
-        def __new__(cls, *args: Any) -> Any:
-            # PySpark's DataFrame.__new__ takes (jdf, session) and, in some versions
-            # (4.0.0), builds a classic DataFrame from them: make this class's object.
-            return object.__new__(cls)
-
-        def __init__(self, spark: SparkSession, table: pa.Table, schema: StructType) -> None:
-            # What the classic DataFrame's constructor sets, less the JVM Dataset.
-            self._session = spark
-            self._sc = spark.sparkContext
-            self.is_cached = False
-            self._support_repr_html = False
-            self.__dict__["schema"] = schema  # the cached_property, filled in
-            self.__dict__[_HELD_ATTRIBUTE] = table
-
-        @property
-        def _jdf(self) -> Any:
-            # Once: a column taken from one Dataset does not resolve in another, and a
-            # checkpoint writer thread may ask for it while the next body does.
-            with _MAKING:
-                made = self.__dict__.get("_made_jdf")
-                if made is None:
-                    table = self.__dict__[_HELD_ATTRIBUTE].combine_chunks()
-                    try:
-                        made = self._session.createDataFrame(table, schema=self.schema)._jdf
-                    except AttributeError as error:  # not to pass for a missing attribute
-                        raise RuntimeError(
-                            f"cannot make the held rows a Dataset: {error}"
-                        ) from error
-                    self.__dict__["_made_jdf"] = made
-            return made
-
-    return HeldFrame
 
 
 #: Held frames make their JVM Dataset under this lock, so each makes exactly one.
 _MAKING = threading.RLock()
 
 
-class _LazyClass:
-    """The HeldFrame class, defined at first use (it subclasses PySpark's classic DataFrame)."""
+class _HeldFrame(ClassicDataFrame):
+    """A classic DataFrame whose JVM Dataset is a local relation made on first use."""
 
-    cls: type | None = None
+    def __new__(cls, *args: Any) -> Any:
+        # PySpark's DataFrame.__new__ takes (jdf, session) and, in some versions
+        # (4.0.0), builds a classic DataFrame from them: make this class's object.
+        return object.__new__(cls)
 
-    def __call__(self, spark: SparkSession, table: pa.Table, schema: StructType) -> DataFrame:
-        if self.cls is None:
-            self.cls = _held_frame_class()
-        frame: DataFrame = self.cls(spark, table, schema)
-        return frame
+    def __init__(self, spark: SparkSession, table: pa.Table, schema: StructType) -> None:
+        # What the classic DataFrame's constructor sets, less the JVM Dataset.
+        self._session = spark
+        self._sc = spark.sparkContext
+        self.is_cached = False
+        self._support_repr_html = False
+        self.__dict__["schema"] = schema  # the cached_property, filled in
+        self.__dict__[_HELD_ATTRIBUTE] = table
 
-
-_HeldFrame = _LazyClass()
+    @property
+    def _jdf(self) -> Any:
+        # Once: a column taken from one Dataset does not resolve in another, and a
+        # checkpoint writer thread may ask for it while the next body does.
+        with _MAKING:
+            made = self.__dict__.get("_made_jdf")
+            if made is None:
+                table = self.__dict__[_HELD_ATTRIBUTE].combine_chunks()
+                try:
+                    made = self._session.createDataFrame(table, schema=self.schema)._jdf
+                except AttributeError as error:  # not to pass for a missing attribute
+                    raise RuntimeError(f"cannot make the held rows a Dataset: {error}") from error
+                self.__dict__["_made_jdf"] = made
+        return made
 
 
 def held_on_driver(df: DataFrame) -> pa.Table | None:

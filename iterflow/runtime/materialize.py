@@ -111,25 +111,17 @@ def materialize(
     # Over Spark Connect the checkpoint's statistics cannot be set afterwards (no JVM
     # handle); checkpointing a persisted DataFrame gives them from the cache, which the
     # same job fills: its real size, not an estimate compounded round after round.
-    connect = {
-        id(df)
-        for df in distinct
-        if id(df) not in on_driver and held_on_driver(df) is None and not hasattr(df, "_jdf")
-    }
-    owned = [
-        df
-        for df in distinct
-        if (shared or id(df) in connect) and held_on_driver(df) is None and persist_owned(df)
-    ]
+    # Rows iterflow holds on the driver already (a resident kernel's result): nothing to
+    # persist or checkpoint, and nothing of the JVM to ask (it would make their Dataset).
+    held = {id(df): table for df in distinct if (table := held_on_driver(df)) is not None}
+    in_spark = [df for df in distinct if id(df) not in held]
+    connect = {id(df) for df in in_spark if id(df) not in on_driver and not hasattr(df, "_jdf")}
+    owned = [df for df in in_spark if (shared or id(df) in connect) and persist_owned(df)]
     try:
-        frames: dict[int, DataFrame] = {}
-        rows: dict[int, int] = {}
-        tables: dict[int, Any] = {}
-        for df in distinct:
-            held = held_on_driver(df)
-            if held is not None:  # a resident kernel's result: rows on the driver already
-                frames[id(df)], rows[id(df)], tables[id(df)] = df, held.num_rows, held
-                continue
+        frames: dict[int, DataFrame] = {id(df): df for df in distinct if id(df) in held}
+        rows: dict[int, int] = {key: table.num_rows for key, table in held.items()}
+        tables: dict[int, Any] = dict(held)
+        for df in in_spark:
             if id(df) in on_driver and not has_user_type(df.schema):
                 # Alone in the round (nothing else reads it), a combined kernel result is
                 # combined here on the driver: no shuffle, no Python task for the combine.

@@ -222,8 +222,7 @@ class RunObservers:
         """Final metrics push (it completes before this returns), then release everything."""
         self._bar.close("stopped")  # a no-op once the run's outcome closed it
         try:
-            if self._log is not None:
-                self.flush_start()
+            self.flush_start()
             self._pusher.stop()
         finally:
             REGISTRY.end_run(self.metrics)

@@ -78,6 +78,7 @@ from iterflow.runtime.columnar import (
     in_file_order,
 )
 from iterflow.runtime.dataplane import Channel, DataPlane, connect
+from iterflow.runtime.session import spark_context
 
 RESIDENT_CONF = "spark.iterflow.resident"
 MAX_BYTES_CONF = "spark.iterflow.resident.maxBytes"
@@ -577,10 +578,6 @@ def _table(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_batches(batches) if batches else schema.empty_table()
 
 
-def _is_connect(spark: SparkSession) -> bool:
-    return not hasattr(spark, "_jsparkSession")
-
-
 class ResidentPolicy:
     """Decides, per run, whether data is made resident, and owns the run's data plane.
 
@@ -596,7 +593,7 @@ class ResidentPolicy:
         self.reason = unavailable
         if setting == "off":
             self.reason = f"{RESIDENT_CONF} is 'off'"
-        elif _is_connect(spark):
+        elif spark_context(spark) is None:
             self.reason = "the session is Spark Connect: executors cannot reach its client"
         if setting == "on" and self.reason is not None:
             self._refuse(self.reason)
