@@ -226,7 +226,10 @@ class RoundLoop:
         the first round of a start, the variables are that round's feedback."""
         for name in self.check.variable_names or ():
             if name in self.owned_inputs:
-                self.owned_inputs.pop(name).unpersist(blocking=False)
+                # Blocking, once per start: rounds held on the driver take milliseconds, and
+                # what a run holds in Spark from round 1 on must not depend on how soon the
+                # block manager got round to it.
+                self.owned_inputs.pop(name).unpersist(blocking=True)
 
     def _own_inputs(self, inputs: Mapping[str, DataFrame]) -> None:
         for name, df in inputs.items():
