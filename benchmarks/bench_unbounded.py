@@ -56,13 +56,13 @@ from _common import (
     start_session,
     write_result,
 )
+from _online_kmeans import batch_sums
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 
 import iterflow as itf
 from iterflow.demo.online_kmeans import (
     POINTS_SCHEMA,
-    batch_sums,
     blobs,
     centers_of,
     initial_model,

@@ -2,9 +2,10 @@
 
 The model is a state variable: one row per cluster with its ``center`` and its
 ``weight`` (points absorbed so far, decayed). Every epoch assigns the epoch's
-new points to the nearest center, with numpy inside ``mapInArrow`` (one partial
-sum per cluster and partition), and moves each center to the weighted mean of
-its old position and its new points, as Spark MLlib's ``StreamingKMeans`` does::
+new points to the nearest center with ``iterflow.ml.kmeans``'s kernel (numpy
+inside ``mapInArrow``: per cluster, the sum and the number of its points), and
+moves each center to the weighted mean of its old position and its new points,
+as Spark MLlib's ``StreamingKMeans`` does::
 
     weight' = weight * decay + n
     center' = (center * weight * decay + sum of the new points) / weight'
@@ -15,8 +16,8 @@ runs, one epoch per file.
 
 The epoch's plan is two Arrow kernels: partial sums per partition, then one
 task that adds them up and applies the update. Building it takes two PySpark
-calls, so the driver spends little time planning. Uses only ``iterflow``'s
-public names, like any user would.
+calls, so the driver spends little time planning. Uses ``iterflow``'s public
+names and ``iterflow.ml.kmeans``'s kernels, like any user would.
 """
 
 from __future__ import annotations
@@ -35,88 +36,42 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 import iterflow as itf
+from iterflow.ml.kmeans import PARTIAL_SCHEMA, add_partials, feature_matrix, partial_sums
 
 MODEL_SCHEMA = "cluster INT, center ARRAY<DOUBLE>, weight DOUBLE"
 POINTS_SCHEMA = "features ARRAY<DOUBLE>"
 
 
-def nearest_sums(
-    centers: np.ndarray, batches: Iterator[pa.RecordBatch]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per cluster: the sum of the points nearest to its center, and their count."""
-    k, dims = centers.shape
-    sums = np.zeros((k, dims))
-    counts = np.zeros(k, dtype=np.int64)
-    squared = (centers**2).sum(axis=1)
-    for batch in batches:
-        features = batch.column(0)
-        if len(features) == 0:
-            continue
-        points = features.flatten().to_numpy(zero_copy_only=False).reshape(-1, dims)
-        # |x - c|^2 = |x|^2 - 2 x.c + |c|^2; |x|^2 is the same for every center.
-        nearest = np.argmin(squared[None, :] - 2.0 * points @ centers.T, axis=1)
-        counts += np.bincount(nearest, minlength=k)
-        for cluster in range(k):
-            sums[cluster] += points[nearest == cluster].sum(axis=0)
-    return sums, counts
-
-
-def partial_sums_kernel(
-    centers: np.ndarray,
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """A ``mapInArrow`` function: one row per cluster, ``cluster, n, s0..s{d-1}``."""
-    k, dims = centers.shape
-
-    def kernel(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        sums, counts = nearest_sums(centers, batches)
-        columns = [pa.array(np.arange(k, dtype=np.int32)), pa.array(counts)]
-        columns += [pa.array(sums[:, d]) for d in range(dims)]
-        names = ["cluster", "n", *(f"s{d}" for d in range(dims))]
-        yield pa.RecordBatch.from_arrays(columns, names=names)
-
-    return kernel
-
-
-def partial_sums_schema(dims: int) -> str:
-    return ", ".join(["cluster INT", "n LONG", *(f"s{d} DOUBLE" for d in range(dims))])
-
-
-def centers_of(model: DataFrame) -> np.ndarray:
-    """The model's centers as a (k, dims) array, in cluster order (a small collect)."""
-    return model_arrays(model)[0]
-
-
-def batch_sums(points: DataFrame, centers: np.ndarray) -> DataFrame:
-    """Per cluster, the sum (``total``, an array) and count (``n``) of its nearest new points."""
-    dims = centers.shape[1]
-    partial = points.select("features").mapInArrow(
-        partial_sums_kernel(centers), partial_sums_schema(dims)
-    )
-    summed = partial.groupBy("cluster").agg(
-        F.sum("n").alias("n"), *(F.sum(f"s{d}").alias(f"s{d}") for d in range(dims))
-    )
-    return summed.select("cluster", "n", F.array(*(f"s{d}" for d in range(dims))).alias("total"))
-
-
-#: One row per partition: points per cluster, and the (k, dims) sums, flattened.
-PARTIALS_SCHEMA = "n ARRAY<LONG>, sums ARRAY<DOUBLE>"
+#: The partial sums of a partition without points.
+NO_POINTS = pa.table({"x": pa.array([], pa.float64())})
 
 
 def partials_kernel(
     centers: np.ndarray,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """A ``mapInArrow`` function: one ``PARTIALS_SCHEMA`` row per partition."""
+    """A ``mapInArrow`` function: the ``PARTIAL_SCHEMA`` row of every batch of points.
+
+    A partition without points answers with zeros, so that the update always
+    receives a row and the model never comes out empty.
+    """
+    prepare = feature_matrix("features", centers.shape[1])
 
     def kernel(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        sums, counts = nearest_sums(centers, batches)
-        yield pa.RecordBatch.from_arrays(
-            [pa.array([counts]), pa.array([sums.ravel()])], names=["n", "sums"]
-        )
+        answered = False
+        for batch in batches:
+            answered = True
+            yield from partial_sums(prepare(pa.Table.from_batches([batch])), centers).to_batches()
+        if not answered:
+            yield from partial_sums(NO_POINTS, centers).to_batches()
 
     return kernel
+
+
+def centers_of(model: DataFrame) -> np.ndarray:
+    """The model's centers as a (k, dims) array, in cluster order (a small collect)."""
+    return model_arrays(model)[0]
 
 
 def update_kernel(
@@ -126,11 +81,7 @@ def update_kernel(
     k, dims = centers.shape
 
     def kernel(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        counts, sums = np.zeros(k), np.zeros((k, dims))
-        for batch in batches:
-            if batch.num_rows:
-                counts += batch.column(0).flatten().to_numpy().reshape(-1, k).sum(axis=0)
-                sums += batch.column(1).flatten().to_numpy().reshape(-1, k, dims).sum(axis=0)
+        sums, counts, _ = add_partials(batches, k, dims)
         kept = weights * decay
         weight = kept + counts
         moved = (centers * kept[:, None] + sums) / np.where(weight > 0, weight, 1.0)[:, None]
@@ -163,7 +114,7 @@ def online_kmeans_step(decay: float = 1.0) -> itf.IterationBody:
     @itf.body
     def online_kmeans(model: DataFrame, points: DataFrame) -> itf.Declaration:
         centers, weights = model_arrays(model)  # reading an input is allowed: it is materialized
-        partials = points.select("features").mapInArrow(partials_kernel(centers), PARTIALS_SCHEMA)
+        partials = points.select("features").mapInArrow(partials_kernel(centers), PARTIAL_SCHEMA)
         new_model = partials.repartition(1).mapInArrow(
             update_kernel(centers, weights, decay), MODEL_SCHEMA
         )

@@ -17,7 +17,7 @@ distances of the points to the centroids they were assigned to) is the gauge
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -81,17 +81,26 @@ def partial_sums(table: pa.Table, centroids: np.ndarray) -> pa.Table:
     )
 
 
+def add_partials(
+    batches: Iterable[pa.RecordBatch], k: int, dims: int
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """``PARTIAL_SCHEMA`` rows added up: per cluster the sum ``(k, dims)`` and the number
+    ``(k,)`` of its points, and the cost."""
+    sums, counts, cost = np.zeros((k, dims)), np.zeros(k), 0.0
+    for batch in batches:
+        for row in range(batch.num_rows):
+            sums += batch.column(0)[row].values.to_numpy().reshape(k, dims)
+            counts += batch.column(1)[row].values.to_numpy()
+        cost += float(np.sum(batch.column(2).to_numpy()))
+    return sums, counts, cost
+
+
 def lloyd_step(centroids: np.ndarray, loss: Any) -> Callable[[Iterator[pa.RecordBatch]], Any]:
     """Kernel over all partials: every centroid moves to the mean of its points."""
     k, dims = centroids.shape
 
     def finish(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        sums, counts, cost = np.zeros((k, dims)), np.zeros(k), 0.0
-        for batch in batches:
-            for row in range(batch.num_rows):
-                sums += batch.column(0)[row].values.to_numpy().reshape(k, dims)
-                counts += batch.column(1)[row].values.to_numpy()
-            cost += float(np.sum(batch.column(2).to_numpy()))
+        sums, counts, cost = add_partials(batches, k, dims)
         moved = np.where(counts[:, None] > 0, sums / np.maximum(counts, 1)[:, None], centroids)
         shift = float(np.sqrt(((moved - centroids) ** 2).sum(axis=1)).max())
         loss.set(cost)
