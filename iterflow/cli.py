@@ -336,22 +336,17 @@ def run_pagerank_demo(args: argparse.Namespace) -> int:
 
 def run_kmeans_demo(args: argparse.Namespace) -> int:
     import numpy as np
-    import pyarrow as pa
 
-    from iterflow.demo.online_kmeans import blobs
+    from iterflow.demo.kmeans import random_blobs
     from iterflow.ml import kmeans
 
     spark = _session(args)
-    rng = np.random.default_rng(args.seed)
-    centers = rng.uniform(-10.0, 10.0, size=(args.k, args.dims))
-    points = blobs(rng, args.points, centers)
     print(
         f"iterflow demo kmeans: {args.points} points, k={args.k}, {args.dims} dimensions, "
         f"on {_where(spark)}"
     )
-    offsets = pa.array(np.arange(args.points + 1, dtype=np.int32) * args.dims)
-    column = pa.ListArray.from_arrays(offsets, pa.array(points.ravel()))
-    df = spark.createDataFrame(pa.table({"features": column})).cache()
+    df, centers = random_blobs(spark, args.points, args.k, args.dims, seed=args.seed)
+    df = df.cache()
     df.count()
 
     def report(ctx: itf.RoundEnd) -> None:
