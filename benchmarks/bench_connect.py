@@ -55,7 +55,7 @@ def child(mode: str, vertices: int, edges: int, rounds: int) -> dict[str, Any]:
         edge_df,
         tol=None,
         max_rounds=rounds,
-        listeners=(lambda end: durations.append(end.progress.duration_s),),
+        listen=(lambda end: durations.append(end.progress.duration_s),),
         progress=False,
     )
     total = time.perf_counter() - started

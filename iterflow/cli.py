@@ -314,7 +314,7 @@ def run_pagerank_demo(args: argparse.Namespace) -> int:
         edges,
         tol=None if args.rounds else args.tol,
         max_rounds=args.rounds or args.max_rounds,
-        listeners=(report,),
+        listen=(report,),
         progress=False,  # the demo prints a line per round instead
         event_log=args.event_log,
     )

@@ -1,11 +1,14 @@
 """The PageRank demo: a random-graph generator and a runner of ``iterflow.graph``'s
 PageRank body that returns the whole ``IterationResult``.
 
-Uses only ``iterflow``'s public names, like any user would.
+It builds on ``iterflow.graph.pagerank``'s body (``pagerank_body``, with its
+``initial_ranks`` and ``pagerank_update``, re-exported here for the examples and
+benchmarks) and otherwise on ``iterflow``'s public names, like any user would.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -57,11 +60,12 @@ def pagerank(
     tol: float | None = 1e-8,
     max_rounds: int = 100,
     alpha: float = ALPHA,
-    listeners: tuple[object, ...] = (),
+    listen: Sequence[object] = (),
     **run_options: Any,
 ) -> itf.IterationResult:
     """Run PageRank to an L1 tolerance (or for ``max_rounds``); output ``ranks`` is (id, rank).
 
+    ``listen`` holds listeners given to ``BoundedIteration.listen``, in order;
     ``run_options`` go to ``run()``: ``progress=``, ``event_log=``.
     """
     n = vertices.count()
@@ -71,6 +75,6 @@ def pagerank(
         .bind("edges", edges.select("src", "dst"))
         .until(itf.max_rounds(max_rounds))
     )
-    for listener in listeners:
+    for listener in listen:
         iteration.listen(listener)
     return iteration.run(**run_options)
