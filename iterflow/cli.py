@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
 
 import iterflow as itf
 from iterflow.progress.events import read_events
@@ -95,15 +95,20 @@ def _where(spark: Any) -> str:
         return "Spark Connect"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="iterflow", description="Bounded and unbounded iterations on Apache Spark."
-    )
-    parser.add_argument("--version", action="version", version=f"iterflow {itf.__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="run a demonstration job")
-    demos = demo.add_subparsers(dest="demo", required=True)
+#: What ``add_subparsers`` returns: its ``add_parser`` makes one command.
+_Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
+
+def _add_demo_arguments(command: argparse.ArgumentParser, run: Callable[..., int]) -> None:
+    """What every demo ends with: where it runs and ``--event-log``; ``run`` runs it."""
+    _add_session_arguments(command)
+    command.add_argument(
+        "--event-log", metavar="PATH", default=None, help="append the run's events (JSON lines)"
+    )
+    command.set_defaults(run=run)
+
+
+def _add_demo_pagerank(demos: _Commands) -> None:
     pagerank = demos.add_parser(
         "pagerank",
         help="PageRank on a random graph, to a tolerance",
@@ -120,12 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     pagerank.add_argument("--max-rounds", type=_positive, default=100)
     pagerank.add_argument("--seed", type=int, default=1)
     pagerank.add_argument("--top", type=_positive, default=10, help="how many vertices to print")
-    _add_session_arguments(pagerank)
-    pagerank.add_argument(
-        "--event-log", metavar="PATH", default=None, help="append the run's events (JSON lines)"
-    )
-    pagerank.set_defaults(run=run_pagerank_demo)
+    _add_demo_arguments(pagerank, run_pagerank_demo)
 
+
+def _add_demo_kmeans(demos: _Commands) -> None:
     batch = demos.add_parser(
         "kmeans",
         help="k-means (Lloyd's algorithm, iterflow.ml) on generated blobs",
@@ -139,12 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--tol", type=float, default=1e-6, help="largest centroid move to stop at")
     batch.add_argument("--max-rounds", type=_positive, default=50)
     batch.add_argument("--seed", type=int, default=1)
-    _add_session_arguments(batch)
-    batch.add_argument(
-        "--event-log", metavar="PATH", default=None, help="append the run's events (JSON lines)"
-    )
-    batch.set_defaults(run=run_kmeans_demo)
+    _add_demo_arguments(batch, run_kmeans_demo)
 
+
+def _add_demo_online_kmeans(demos: _Commands) -> None:
     kmeans = demos.add_parser(
         "online-kmeans",
         help="online k-means on points streamed into a watched folder",
@@ -169,12 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="pause between two files (default 0.2)",
     )
     kmeans.add_argument("--seed", type=int, default=1)
-    _add_session_arguments(kmeans)
-    kmeans.add_argument(
-        "--event-log", metavar="PATH", default=None, help="append the run's events (JSON lines)"
-    )
-    kmeans.set_defaults(run=run_online_kmeans_demo)
+    _add_demo_arguments(kmeans, run_online_kmeans_demo)
 
+
+def _add_report(commands: _Commands) -> None:
     report = commands.add_parser(
         "report",
         help="print a table of the rounds of a run from its event log",
@@ -184,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_log_arguments(report)
     report.set_defaults(run=run_report)
 
+
+def _add_plot(commands: _Commands) -> None:
     plot = commands.add_parser(
         "plot",
         help="draw a per-round curve of a run from its event log",
@@ -208,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--log-y", action="store_true", help="logarithmic y axis")
     plot.set_defaults(run=run_plot)
 
+
+def _add_converge(commands: _Commands) -> None:
     converge = commands.add_parser(
         "converge",
         help="run convergence cases against their reference answers",
@@ -234,6 +237,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--master", default="local[2]", help="Spark master of the embedded session (local[2])"
     )
     converge.set_defaults(run=run_converge)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="iterflow", description="Bounded and unbounded iterations on Apache Spark."
+    )
+    parser.add_argument("--version", action="version", version=f"iterflow {itf.__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser("demo", help="run a demonstration job")
+    demos = demo.add_subparsers(dest="demo", required=True)
+    _add_demo_pagerank(demos)
+    _add_demo_kmeans(demos)
+    _add_demo_online_kmeans(demos)
+    _add_report(commands)
+    _add_plot(commands)
+    _add_converge(commands)
     return parser
 
 
