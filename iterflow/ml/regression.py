@@ -146,19 +146,55 @@ def coefficients_of(model: DataFrame) -> np.ndarray:
     return np.array(model_row(model)["coefficients"], dtype=np.float64)
 
 
+def _positive(instance: object, field: attrs.Attribute[float], value: float) -> None:
+    if not value > 0:
+        raise MLError(f"{field.name}={value} must be positive")
+
+
+def _not_negative(instance: object, field: attrs.Attribute[float], value: float) -> None:
+    if value < 0:
+        raise MLError(f"{field.name}={value} must not be negative")
+
+
+def _fraction(instance: object, field: attrs.Attribute[float], value: float) -> None:
+    if not 0.0 < value <= 1.0:
+        raise MLError(f"{field.name}={value} must be in (0, 1]")
+
+
+@attrs.frozen(kw_only=True)
+class FitOptions:
+    """What ``linear_regression`` and ``logistic_regression`` were asked for, as one value;
+    a step size, penalty or batch fraction out of range fails here, named."""
+
+    kind: str  # "linear" or "logistic"
+    features: Sequence[str] | str
+    label: str
+    weight: str | None
+    class_weight: Mapping[Any, float] | None = None
+    learning_rate: float = attrs.field(validator=_positive)
+    reg: float = attrs.field(validator=_not_negative)
+    max_rounds: int
+    tol: float | None
+    loss_tol: float | None
+    batch_fraction: float = attrs.field(validator=_fraction)
+    seed: int
+    listen: Any
+    run_options: Mapping[str, Any]
+
+    @property
+    def names(self) -> list[str]:
+        """The feature columns, as a list."""
+        return [self.features] if isinstance(self.features, str) else list(self.features)
+
+
 def regression_body(
-    kind: str,
-    prepare: Callable[[pa.Table], pa.Table],
-    learning_rate: float,
-    reg: float,
-    fraction: float,
-    seed: int,
-    tol: float | None,
-    loss_tol: float | None,
+    options: FitOptions, prepare: Callable[[pa.Table], pa.Table]
 ) -> itf.IterationBody:
     """The gradient-descent body: ``model`` (variable, one row) and ``rows`` (data)."""
-    kernel = gradient_kernel(kind)
+    kernel = gradient_kernel(options.kind)
     loss_gauge = itf.metrics.gauge("loss")
+    # tol=None still checks the step: a NaN or infinite step is a DivergenceError.
+    tol = options.tol if options.tol is not None else 0.0
 
     @itf.body
     def gradient_descent(
@@ -169,17 +205,16 @@ def regression_body(
             kernel,
             PARTIAL_SCHEMA,
             current,
-            fraction,
-            seed,
+            options.batch_fraction,
+            options.seed,
             ctx.epoch,
             indexed=True,
-            combine=descent_step(current, learning_rate, reg, loss_gauge),
+            combine=descent_step(current, options.learning_rate, options.reg, loss_gauge),
             combine_schema=MODEL_SCHEMA,
         )
-        # tol=None still checks the step: a NaN or infinite step is a DivergenceError.
-        stop: itf.Condition = itf.converged(model_field("change"), tol if tol is not None else 0.0)
-        if loss_tol is not None:
-            stop = stop | itf.converged(model_field("loss"), loss_tol)
+        stop: itf.Condition = itf.converged(model_field("change"), tol)
+        if options.loss_tol is not None:
+            stop = stop | itf.converged(model_field("loss"), options.loss_tol)
         return itf.Declaration(
             feedback={"model": new_model}, outputs={"model": new_model}, until=stop
         )
@@ -209,33 +244,12 @@ class RegressionModel(Fitted):
     transform = predict
 
 
-def _fit(
-    kind: str,
-    df: DataFrame,
-    features: Sequence[str] | str,
-    label: str,
-    weight: str | None,
-    class_weight: Mapping[Any, float] | None,
-    learning_rate: float,
-    reg: float,
-    max_rounds: int,
-    tol: float | None,
-    loss_tol: float | None,
-    batch_fraction: float,
-    seed: int,
-    listen: Any,
-    run_options: dict[str, Any],
-) -> RegressionModel:
-    names = [features] if isinstance(features, str) else list(features)
-    missing = [c for c in [*names, label, *([weight] if weight else [])] if c not in df.columns]
+def _fit(df: DataFrame, options: FitOptions) -> RegressionModel:
+    names = options.names
+    wanted = [*names, options.label, *([options.weight] if options.weight else [])]
+    missing = [c for c in wanted if c not in df.columns]
     if missing:
         raise MLError(f"no column(s) {missing}; the columns are {df.columns}")
-    if not learning_rate > 0:
-        raise MLError(f"learning_rate={learning_rate} must be positive")
-    if reg < 0:
-        raise MLError(f"reg={reg} must not be negative")
-    if not 0.0 < batch_fraction <= 1.0:
-        raise MLError(f"batch_fraction={batch_fraction} must be in (0, 1]")
     start = df.sparkSession.createDataFrame(
         pa.table(
             [cell(np.zeros(len(names) + 1)), pa.array([float("nan")]), pa.array([float("inf")])],
@@ -243,19 +257,18 @@ def _fit(
         ),
         MODEL_SCHEMA,
     )
-    prepare = design(names, label, weight, class_weight)
-    body = regression_body(kind, prepare, learning_rate, reg, batch_fraction, seed, tol, loss_tol)
+    prepare = design(names, options.label, options.weight, options.class_weight)
     iteration = (
-        itf.BoundedIteration(body)
+        itf.BoundedIteration(regression_body(options, prepare))
         .bind("model", start)
         .bind("rows", df)
-        .until(itf.max_rounds(max_rounds))
+        .until(itf.max_rounds(options.max_rounds))
     )
-    if listen is not None:
-        iteration = iteration.listen(listen)
-    result = iteration.run(**run_options)
+    if options.listen is not None:
+        iteration = iteration.listen(options.listen)
+    result = iteration.run(**options.run_options)
     final = coefficients_of(result.outputs["model"])
-    return RegressionModel(kind, final[:-1], float(final[-1]), names, result)
+    return RegressionModel(options.kind, final[:-1], float(final[-1]), names, result)
 
 
 def linear_regression(
@@ -281,23 +294,22 @@ def linear_regression(
         model = linear_regression(df, features=["x1", "x2"], label="y", learning_rate=0.5)
         model.coefficients, model.intercept, model.termination.reason
     """
-    return _fit(
-        "linear",
-        df,
-        features,
-        label,
-        weight,
-        None,
-        learning_rate,
-        reg,
-        max_rounds,
-        tol,
-        loss_tol,
-        batch_fraction,
-        seed,
-        listen,
-        run_options,
+    options = FitOptions(
+        kind="linear",
+        features=features,
+        label=label,
+        weight=weight,
+        learning_rate=learning_rate,
+        reg=reg,
+        max_rounds=max_rounds,
+        tol=tol,
+        loss_tol=loss_tol,
+        batch_fraction=batch_fraction,
+        seed=seed,
+        listen=listen,
+        run_options=run_options,
     )
+    return _fit(df, options)
 
 
 def logistic_regression(
@@ -325,20 +337,20 @@ def logistic_regression(
         model = logistic_regression(df, features=["x1", "x2"], label="clicked", reg=0.01)
         model.predict(df).select("prediction")   # probability of label 1
     """
-    return _fit(
-        "logistic",
-        df,
-        features,
-        label,
-        weight,
-        class_weight,
-        learning_rate,
-        reg,
-        max_rounds,
-        tol,
-        loss_tol,
-        batch_fraction,
-        seed,
-        listen,
-        run_options,
+    options = FitOptions(
+        kind="logistic",
+        features=features,
+        label=label,
+        weight=weight,
+        class_weight=class_weight,
+        learning_rate=learning_rate,
+        reg=reg,
+        max_rounds=max_rounds,
+        tol=tol,
+        loss_tol=loss_tol,
+        batch_fraction=batch_fraction,
+        seed=seed,
+        listen=listen,
+        run_options=run_options,
     )
+    return _fit(df, options)
