@@ -3,7 +3,12 @@
 Every benchmark script starts one embedded ``local[2]`` session (UI off, 4 shuffle
 partitions), runs its measurements sequentially in that one JVM, prints a small
 table and writes ``benchmarks/results/NAME.json`` (``NAME.quick.json`` with
-``--quick``) holding the numbers and the settings they were measured with.
+``--quick``) holding the numbers and the settings they were measured with
+(:func:`finish`).
+
+Comparisons run their variants in rotation (:func:`alternate`); those whose variants
+are functions returning a result and a record use :func:`compare_runners`. The
+PageRank scripts share their workload (:class:`PageRankWorkload`).
 """
 
 from __future__ import annotations
@@ -22,14 +27,16 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 from pyspark.sql import DataFrame, SparkSession
 
 import iterflow as itf
-from iterflow.demo.pagerank import initial_ranks, random_graph
+from iterflow.demo.pagerank import initial_ranks, pagerank_body, random_graph
 from iterflow.runtime.session import embedded_session
+
+T = TypeVar("T")
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MASTER = "local[2]"
@@ -112,6 +119,19 @@ def write_result(name: str, quick: bool, config: dict[str, Any], results: dict[s
     return path
 
 
+def finish(
+    spark: SparkSession, name: str, quick: bool, results: dict[str, Any], **workload: Any
+) -> Path:
+    """The end of a benchmark script: write its result file, then stop the session.
+
+    The file holds ``results`` and the :func:`settings` of ``spark`` with ``workload``
+    (see :func:`write_result`).
+    """
+    path = write_result(name, quick, settings(spark, quick, **workload), results)
+    spark.stop()
+    return path
+
+
 def _json_default(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
@@ -159,6 +179,32 @@ class RoundClock:
     @property
     def round_times(self) -> list[float]:
         return round_times(self.stamps, self.start)
+
+
+def rotation(names: Sequence[str], repetitions: int) -> list[str]:
+    """The order of the measured runs: every name once per repetition, the first one rotating.
+
+    For two names: A, B, B, A, A, B; for three: A, B, C, B, C, A, C, A, B.
+    """
+    return [
+        name
+        for rep in range(repetitions)
+        for name in [*names[rep % len(names) :], *names[: rep % len(names)]]
+    ]
+
+
+def alternate(
+    names: Sequence[str], repetitions: int, measure: Callable[[str], T]
+) -> tuple[list[str], dict[str, list[T]]]:
+    """``measure(name)`` ``repetitions`` times for every name, in :func:`rotation` order.
+
+    Returns the order the runs ran in and every name's results in that order.
+    """
+    sequence = rotation(names, repetitions)
+    runs: dict[str, list[T]] = {name: [] for name in names}
+    for name in sequence:
+        runs[name].append(measure(name))
+    return sequence, runs
 
 
 def settle(spark: SparkSession) -> None:
@@ -218,17 +264,152 @@ def _wait_for_jobs(read: Callable[[], list[int]]) -> list[int]:
     return previous
 
 
+# -- comparing functions that return a result ------------------------------------------
+
+
+class Run(NamedTuple):
+    """One measured run: its seconds, its Spark jobs, its result and what it recorded."""
+
+    seconds: float
+    jobs: int
+    value: Any
+    info: dict[str, Any]
+
+
+#: A variant of a comparison: runs, forces its result and returns it with what it recorded.
+Runner = Callable[[], tuple[Any, dict[str, Any]]]
+
+
+def time_run(spark: SparkSession, label: str, runner: Runner, count: str = "rounds") -> Run:
+    """Time ``runner`` in a job group of its own (named after ``label``), after settling.
+
+    The log line gives the seconds, the jobs and ``info[count]`` if the runner recorded it.
+    """
+    settle(spark)
+    group = "".join(c if c.isalnum() else "-" for c in label)
+    with count_jobs(spark, group) as jobs:
+        clock = time.perf_counter()
+        value, info = runner()
+        seconds = time.perf_counter() - clock
+    counted = f", {info[count]} {count}" if count in info else ""
+    log(f"  {label}: {seconds:.2f} s, {jobs.jobs} jobs{counted}")
+    return Run(seconds, jobs.jobs, value, info)
+
+
+def compare_runners(
+    spark: SparkSession,
+    title: str,
+    runners: dict[str, Runner],
+    repetitions: int,
+    check: Callable[[dict[str, Any]], dict[str, Any]],
+    release: Callable[[str, Any], None] | None = None,
+    figures: Callable[[list[Run]], dict[str, Any]] | None = None,
+    count: str = "rounds",
+) -> dict[str, Any]:
+    """One warm-up run of every variant, then ``repetitions`` runs of each (:func:`alternate`).
+
+    ``check`` gets the warm-up runs' results (by variant) before the measured runs start
+    and returns what it found; ``release(name, result)``, if given, gets every result once
+    it is no longer needed. The summary holds the order of the runs, the check and, per
+    variant, the median seconds, every run's seconds, ``figures`` of the runs (if given),
+    every run's jobs, the warm-up's seconds and records, and every run's records.
+    ``count`` is what the log lines count (:func:`time_run`).
+    """
+    names = list(runners)
+    warm = {
+        name: time_run(spark, f"{title} {name} (warm-up)", runners[name], count) for name in names
+    }
+    checked = check({name: run.value for name, run in warm.items()})
+    if release is not None:
+        for name, run in warm.items():
+            release(name, run.value)
+
+    def measure(name: str) -> Run:
+        run = time_run(spark, f"{title} {name}", runners[name], count)
+        if release is not None:
+            release(name, run.value)
+        return run._replace(value=None)
+
+    sequence, runs = alternate(names, repetitions, measure)
+    summary: dict[str, Any] = {"sequence": sequence, "check": checked}
+    for name, rs in runs.items():
+        summary[name] = {
+            "s_median": median([r.seconds for r in rs]),
+            "s": [r.seconds for r in rs],
+            **(figures(rs) if figures is not None else {}),
+            "jobs": [r.jobs for r in rs],
+            "warm_up_s": warm[name].seconds,
+            "warm_up": warm[name].info,
+            "runs": [r.info for r in rs],
+        }
+    return summary
+
+
+def ratio(a: dict[str, Any], b: dict[str, Any], key: str = "s") -> dict[str, Any]:
+    """``a / b`` of two variants of a :func:`compare_runners` summary, by ``key``.
+
+    ``key`` is "s" or another per-run list with its median next to it ("KEY_median"):
+    the ratio of the medians and the ratio of every repetition.
+    """
+    return {
+        "of_medians": a[f"{key}_median"] / b[f"{key}_median"],
+        "per_repetition": [x / y for x, y in zip(a[key], b[key], strict=True)],
+    }
+
+
 # -- the PageRank workload ---------------------------------------------------------------
 
 
-def pagerank_inputs(
-    spark: SparkSession, vertices: int, edges: int
-) -> tuple[int, int, DataFrame, DataFrame]:
-    """``(n, edge_count, ranks0, edges)`` of ``random_graph(..., seed=1)``, cached.
+class PageRankWorkload(NamedTuple):
+    """PageRank on a cached random graph for a number of rounds (:func:`pagerank_workload`)."""
 
-    Both inputs are cached and counted once here, so iterflow (which does not
-    re-persist a cached input) and the hand-written loops start from the same
-    in-memory data and the graph generation is not part of any measurement.
+    n: int  # vertices
+    edge_count: int  # edges, self-loops and duplicates dropped
+    ranks0: DataFrame
+    edges: DataFrame
+    rounds: int
+    graph: str  # how the graph was made
+
+    def iteration(self, body: itf.IterationBody | None = None) -> itf.BoundedIteration:
+        """``body`` (``pagerank_body(n)`` by default) on the inputs, for ``rounds`` rounds."""
+        return (
+            itf.BoundedIteration(pagerank_body(self.n) if body is None else body)
+            .bind("ranks", self.ranks0)
+            .bind("edges", self.edges)
+            .until(itf.max_rounds(self.rounds))
+        )
+
+    def settings(self, body: str = "pagerank_body(n)", **more: Any) -> dict[str, Any]:
+        """The workload's entries in the result's settings, then ``more``.
+
+        The graph's size and how it was made, the ``body`` run on it and the rounds.
+        """
+        return {
+            "vertices": self.n,
+            "edges": self.edge_count,
+            "graph": self.graph,
+            "body": body,
+            "rounds": self.rounds,
+            **more,
+        }
+
+    def title(self, repetitions: int) -> str:
+        """The heading of a table of medians over ``repetitions`` runs of this workload."""
+        return (
+            f"PageRank {self.n} vertices / {self.edge_count} edges, {self.rounds} rounds "
+            f"(medians of {repetitions} runs)"
+        )
+
+
+def pagerank_workload(
+    spark: SparkSession, vertices: int, edges: int, rounds: int
+) -> PageRankWorkload:
+    """PageRank on ``random_graph(spark, vertices, edges, seed=1)`` for ``rounds`` rounds.
+
+    Both inputs (the starting ranks and the edges' ``src`` and ``dst``) are cached and
+    counted once here, so iterflow (which does not re-persist a cached input) and the
+    hand-written loops start from the same in-memory data and the graph generation is
+    not part of any measurement.
     """
     vertex_df, edge_df = random_graph(spark, vertices, edges, seed=1)
     n = vertex_df.count()
@@ -237,7 +418,8 @@ def pagerank_inputs(
     ranks0 = initial_ranks(vertex_df, edge_df).cache()
     ranks0.count()
     log(f"graph: {n} vertices, {edge_count} edges (self-loops and duplicates dropped)")
-    return n, edge_count, ranks0, edge_df
+    graph = f"random_graph(spark, {vertices}, {edges}, seed=1)"
+    return PageRankWorkload(n, edge_count, ranks0, edge_df, rounds, graph)
 
 
 def log(message: str) -> None:

@@ -39,21 +39,20 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from _common import (
+    PageRankWorkload,
+    alternate,
     count_jobs,
+    finish,
     log,
     median,
-    pagerank_inputs,
+    pagerank_workload,
     print_table,
     round_times,
-    settings,
     settle,
     start_session,
-    write_result,
 )
 from pyspark.sql import DataFrame, SparkSession
 
-import iterflow as itf
-from iterflow.demo.pagerank import pagerank_body
 from iterflow.progress.events import read_events
 
 TARGET = 1.15
@@ -84,15 +83,6 @@ FULL = Size(20_000, 200_000, 30, 4, kill_every=5, kill_epoch=19)
 QUICK = Size(2_000, 20_000, 12, 1, kill_every=2, kill_epoch=5)
 
 
-class Workload(NamedTuple):
-    """The graph and round count every run works on."""
-
-    n: int
-    ranks0: DataFrame
-    edges: DataFrame
-    rounds: int
-
-
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -105,15 +95,6 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def iteration(w: Workload) -> itf.BoundedIteration:
-    return (
-        itf.BoundedIteration(pagerank_body(w.n))
-        .bind("ranks", w.ranks0)
-        .bind("edges", w.edges)
-        .until(itf.max_rounds(w.rounds))
-    )
-
-
 def dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -121,7 +102,7 @@ def dir_bytes(path: Path) -> int:
 # -- overhead ----------------------------------------------------------------------------
 
 
-def measure(spark: SparkSession, label: str, mode: str, w: Workload) -> dict[str, Any]:
+def measure(spark: SparkSession, label: str, mode: str, w: PageRankWorkload) -> dict[str, Any]:
     """One run in ``mode``: total time of ``run()``, per-round times, jobs, checkpoint sizes."""
     settle(spark)
     with tempfile.TemporaryDirectory(prefix="iterflow-bench-") as tmp:
@@ -129,7 +110,7 @@ def measure(spark: SparkSession, label: str, mode: str, w: Workload) -> dict[str
         if options:
             options["checkpoint_dir"] = Path(tmp) / "ckpt"
         stamps: list[float] = []
-        it = iteration(w).listen(lambda _ctx: stamps.append(time.perf_counter()))
+        it = w.iteration().listen(lambda _ctx: stamps.append(time.perf_counter()))
         with count_jobs(spark, f"checkpoints-{mode}") as jobs:
             start = time.perf_counter()
             result = it.run(progress=False, **options)
@@ -158,16 +139,13 @@ def measure(spark: SparkSession, label: str, mode: str, w: Workload) -> dict[str
     return run
 
 
-def overhead(spark: SparkSession, w: Workload, repetitions: int) -> dict[str, Any]:
+def overhead(spark: SparkSession, w: PageRankWorkload, repetitions: int) -> dict[str, Any]:
     names = list(MODES)
     log(f"warm-up: one run of each mode, {w.rounds} rounds")
     for mode in names:
         measure(spark, f"{mode} (warm-up)", mode, w)
     log(f"{w.rounds} rounds, {repetitions} runs of each mode")
-    sequence = [mode for rep in range(repetitions) for mode in names[rep:] + names[:rep]]
-    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in names}
-    for mode in sequence:
-        runs[mode].append(measure(spark, mode, mode, w))
+    sequence, runs = alternate(names, repetitions, lambda mode: measure(spark, mode, mode, w))
     summary = {
         mode: {
             "total_s_median": median([r["total_s"] for r in rs]),
@@ -197,10 +175,9 @@ def overhead(spark: SparkSession, w: Workload, repetitions: int) -> dict[str, An
 def child(directory: Path, size: Size) -> None:
     """The run that gets killed: same graph, same iteration, checkpoints and an event log."""
     spark = start_session()
-    n, _, ranks0, edges = pagerank_inputs(spark, size.vertices, size.edges)
-    w = Workload(n, ranks0, edges, size.rounds)
+    w = pagerank_workload(spark, size.vertices, size.edges, size.rounds)
     log(f"child: {size.rounds} rounds, checkpoint_every={size.kill_every}")
-    iteration(w).run(
+    w.iteration().run(
         progress=False,
         event_log=directory / "events.jsonl",
         checkpoint_dir=directory / "ckpt",
@@ -268,11 +245,11 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def recovery(spark: SparkSession, w: Workload, size: Size, quick: bool) -> dict[str, Any]:
+def recovery(spark: SparkSession, w: PageRankWorkload, size: Size, quick: bool) -> dict[str, Any]:
     settle(spark)
     log(f"reference: an uninterrupted run of {w.rounds} rounds")
     start = time.perf_counter()
-    reference = iteration(w).run(progress=False)
+    reference = w.iteration().run(progress=False)
     reference_s = time.perf_counter() - start
     expected = ranks_by_id(reference.outputs["ranks"])
     reference.release()
@@ -283,7 +260,7 @@ def recovery(spark: SparkSession, w: Workload, size: Size, quick: bool) -> dict[
         killed = run_and_kill(directory, size, quick)
         settle(spark)
         stamps: list[float] = []
-        it = iteration(w).listen(lambda _ctx: stamps.append(time.perf_counter()))
+        it = w.iteration().listen(lambda _ctx: stamps.append(time.perf_counter()))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             start = time.perf_counter()
@@ -338,8 +315,7 @@ def main() -> None:
 
     began = time.perf_counter()
     spark = start_session()
-    n, edge_count, ranks0, edges = pagerank_inputs(spark, size.vertices, size.edges)
-    w = Workload(n, ranks0, edges, size.rounds)
+    w = pagerank_workload(spark, size.vertices, size.edges, size.rounds)
     measured = overhead(spark, w, size.repetitions)
     log(
         f"recovery: checkpoint_every={size.kill_every}, kill after the commit of epoch "
@@ -385,19 +361,8 @@ def main() -> None:
         ("recovery: max |rank - uninterrupted|", recovered["max_abs_rank_difference"]),
         ("recovery: warnings", len(recovered["warnings"])),
     ]
-    print_table(
-        f"PageRank {n} vertices / {edge_count} edges, {size.rounds} rounds (medians of "
-        f"{size.repetitions} runs)",
-        rows,
-    )
-    config = settings(
-        spark,
-        args.quick,
-        vertices=n,
-        edges=edge_count,
-        graph=f"random_graph(spark, {size.vertices}, {size.edges}, seed=1)",
-        body="pagerank_body(n)",
-        rounds=size.rounds,
+    print_table(w.title(size.repetitions), rows)
+    config = w.settings(
         repetitions=size.repetitions,
         warm_up_rounds=size.rounds,
         modes={mode: f"run(progress=False, **{options})" for mode, options in MODES.items()},
@@ -409,8 +374,7 @@ def main() -> None:
             f"{POLL_S * 1000:.0f} ms); rerun here with the same checkpoint_dir"
         ),
     )
-    write_result("bench_checkpoints", args.quick, config, results)
-    spark.stop()
+    finish(spark, "bench_checkpoints", args.quick, results, **config)
 
 
 if __name__ == "__main__":

@@ -88,24 +88,24 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import graphx_peer
 import networkx as nx
 import numpy as np
 import pyarrow as pa
 from _common import (
-    count_jobs,
+    Runner,
+    compare_runners,
+    finish,
     log,
     median,
     parse_args,
     print_table,
-    settings,
-    settle,
+    ratio,
     start_session,
-    write_result,
+    time_run,
 )
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -159,79 +159,6 @@ def _plain(value: Any) -> Any:
     return value if isinstance(value, int | float) or value is None else str(value)
 
 
-class Run(NamedTuple):
-    """One measured run: its seconds, its Spark jobs, its result and what it recorded."""
-
-    seconds: float
-    jobs: int
-    value: Any
-    info: dict[str, Any]
-
-
-Runner = Callable[[], tuple[Any, dict[str, Any]]]
-
-
-def measure(spark: SparkSession, label: str, runner: Runner) -> Run:
-    """Time ``runner`` (which forces its result) in its own job group, after settling."""
-    settle(spark)
-    group = "graph-" + "".join(c if c.isalnum() else "-" for c in label)
-    with count_jobs(spark, group) as jobs:
-        clock = time.perf_counter()
-        value, info = runner()
-        seconds = time.perf_counter() - clock
-    rounds = f", {info['rounds']} rounds" if "rounds" in info else ""
-    log(f"  {label}: {seconds:.2f} s, {jobs.jobs} jobs{rounds}")
-    return Run(seconds, jobs.jobs, value, info)
-
-
-def compare(
-    spark: SparkSession,
-    title: str,
-    runners: dict[str, Runner],
-    repetitions: int,
-    check: Callable[[dict[str, Any]], dict[str, Any]],
-    release: Callable[[str, Any], None],
-) -> dict[str, Any]:
-    """One warm-up run of every variant, then ``repetitions`` rotating runs of each.
-
-    ``check`` gets the warm-up runs' results (by variant) before the measured runs start
-    and returns what it found; ``release`` gets every result once it is no longer needed.
-    """
-    names = list(runners)
-    warm = {name: measure(spark, f"{title} {name} (warm-up)", runners[name]) for name in names}
-    checked = check({name: run.value for name, run in warm.items()})
-    for name, run in warm.items():
-        release(name, run.value)
-    sequence = [
-        name
-        for rep in range(repetitions)
-        for name in names[rep % len(names) :] + names[: rep % len(names)]
-    ]
-    runs: dict[str, list[Run]] = {name: [] for name in names}
-    for name in sequence:
-        run = measure(spark, f"{title} {name}", runners[name])
-        release(name, run.value)
-        runs[name].append(run._replace(value=None))
-    summary: dict[str, Any] = {"sequence": sequence, "check": checked}
-    for name, rs in runs.items():
-        summary[name] = {
-            "s_median": median([r.seconds for r in rs]),
-            "s": [r.seconds for r in rs],
-            "jobs": [r.jobs for r in rs],
-            "warm_up_s": warm[name].seconds,
-            "warm_up": warm[name].info,
-            "runs": [r.info for r in rs],
-        }
-    return summary
-
-
-def ratio(summary: dict[str, Any], a: str, b: str) -> dict[str, Any]:
-    return {
-        "of_medians": summary[a]["s_median"] / summary[b]["s_median"],
-        "per_repetition": [x / y for x, y in zip(summary[a]["s"], summary[b]["s"], strict=True)],
-    }
-
-
 # -- the random graph ------------------------------------------------------------------
 
 
@@ -256,6 +183,28 @@ def numpy_pagerank(src: np.ndarray, dst: np.ndarray, n: int, rounds: int) -> np.
     return ranks
 
 
+def cached_inputs(
+    spark: SparkSession, columns: dict[str, np.ndarray], n: int
+) -> tuple[DataFrame, DataFrame]:
+    """``(vertices, edges)`` for ``Graph``: ``spark.range(n)`` and the edge ``columns``.
+
+    The edges are ``spark.createDataFrame`` of a pyarrow table of ``columns``, in
+    ``PARTITIONS`` partitions; both are cached and counted.
+    """
+    edges = spark.createDataFrame(pa.table(columns))
+    edges = edges.repartition(PARTITIONS).cache()
+    vertices = spark.range(n).cache()
+    edges.count()
+    vertices.count()
+    return vertices, edges
+
+
+def release_graphx(name: str, value: Any) -> None:
+    """``release`` of a comparison: frees the GraphX variant's result graph."""
+    if name == "graphx":
+        graphx_peer.release(value)
+
+
 def sorted_column(df: DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
     """``(ids, values)`` of ``df``'s ``id`` and ``column``, sorted by id."""
     table = df.select("id", column).toArrow()
@@ -268,9 +217,11 @@ def sorted_column(df: DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
 # -- 1. PageRank -------------------------------------------------------------------------
 
 
-def iterflow_pagerank(g: Graph, method: str) -> Runner:
+def iterflow_pagerank(g: Graph, method: str, recorder: type[Rounds] = Rounds) -> Runner:
+    """``pagerank(g, ...)`` for ``ROUNDS`` rounds, forced with ``count()``; ``recorder`` listens."""
+
     def run() -> tuple[Any, dict[str, Any]]:
-        rounds = Rounds()
+        rounds = recorder()
         ranks = pagerank(
             g, tol=None, max_rounds=ROUNDS, method=method, progress=False, listen=rounds
         )
@@ -296,6 +247,17 @@ def graphx_pagerank(spark: SparkSession, jgraph: Any) -> Runner:
         return graphx_peer.pagerank(spark, jgraph, ROUNDS), {}
 
     return run
+
+
+def load_plus_run(load: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """GraphX's warm loads plus its runs, as a variant of a comparison (for ``ratio``).
+
+    The median is the sum of the two medians; repetition k adds load k and run k.
+    """
+    return {
+        "s_median": load["s_median"] + run["s_median"],
+        "s": [a + b for a, b in zip(load["s"], run["s"], strict=True)],
+    }
 
 
 def check_pagerank(ranks: DataFrame, expected: np.ndarray) -> dict[str, float]:
@@ -416,11 +378,7 @@ def pregel_comparison(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     src, dst, weight = layered_dag(layers, width)
     n = 1 + layers * width
-    edges = spark.createDataFrame(pa.table({"src": src, "dst": dst, "weight": weight}))
-    edges = edges.repartition(PARTITIONS).cache()
-    vertices = spark.range(n).cache()
-    edges.count()
-    vertices.count()
+    vertices, edges = cached_inputs(spark, {"src": src, "dst": dst, "weight": weight}, n)
     g = Graph(vertices, edges)
     clock = time.perf_counter()
     reference = nx.DiGraph()
@@ -448,10 +406,8 @@ def pregel_comparison(
             "networkx_s": networkx_s,
         }
 
-    def release(_name: str, _distances: Any) -> None:
-        pass  # the warm-up results are checked; the measured runs are only timed
-
-    summary = compare(spark, "pregel", runners, repetitions, check, release)
+    # No release: the warm-up results are checked, the measured runs are only timed.
+    summary = compare_runners(spark, "pregel", runners, repetitions, check)
     for name in runners:
         s = summary[name]
         infos = [s["warm_up"], *s["runs"]]
@@ -521,22 +477,13 @@ def main() -> None:
         graph["graphx_vertices"] = jgraph.vertices().count()
         graph["graphx_edges"] = jgraph.edges().count()
         clock = time.perf_counter()
-        edges = spark.createDataFrame(pa.table({"src": src, "dst": dst}))
-        edges = edges.repartition(PARTITIONS).cache()
-        vertices = spark.range(n).cache()
-        edges.count()
-        vertices.count()
+        vertices, edges = cached_inputs(spark, {"src": src, "dst": dst}, n)
         graph["iterflow_inputs_s"] = time.perf_counter() - clock
         log(
             f"GraphX load {graph['graphx_load_s']:.2f} s ({graph['graphx_vertices']} vertices, "
             f"{graph['graphx_edges']} edges); iterflow inputs {graph['iterflow_inputs_s']:.2f} s"
         )
         g = Graph(vertices, edges)
-
-        def release_graphx(name: str, value: Any) -> None:
-            if name == "graphx":
-                graphx_peer.release(value)
-
         expected = numpy_pagerank(src, dst, n, ROUNDS)
 
         def check_ranks(results: dict[str, Any]) -> dict[str, Any]:
@@ -555,7 +502,7 @@ def main() -> None:
             }
 
         log(f"PageRank, {ROUNDS} rounds: {repetitions} runs each after a warm-up")
-        pr = compare(
+        pr = compare_runners(
             spark,
             "pagerank",
             {
@@ -568,7 +515,7 @@ def main() -> None:
         )
         log(f"  checks: {pr['check']}")
         log("PageRank, method='dataframe': one run")
-        df_run = measure(spark, "pagerank iterflow dataframe", iterflow_pagerank(g, "dataframe"))
+        df_run = time_run(spark, "pagerank iterflow dataframe", iterflow_pagerank(g, "dataframe"))
         pr["iterflow_dataframe"] = {
             "s": df_run.seconds,
             "jobs": df_run.jobs,
@@ -576,11 +523,11 @@ def main() -> None:
             "check": check_pagerank(df_run.value, expected),
         }
         del df_run
-        pr["ratio_iterflow_over_graphx"] = ratio(pr, "iterflow", "graphx")
+        pr["ratio_iterflow_over_graphx"] = ratio(pr["iterflow"], pr["graphx"])
 
         log(f"GraphX edge-list load again, warm: {repetitions} runs")
         loads = [
-            measure(spark, "graphx load", graphx_load(spark, path)) for _ in range(repetitions)
+            time_run(spark, "graphx load", graphx_load(spark, path)) for _ in range(repetitions)
         ]
         pr["graphx_load"] = {
             "s_median": median([r.seconds for r in loads]),
@@ -589,16 +536,9 @@ def main() -> None:
             "first_load_s": graph["graphx_load_s"],
         }
         del loads
-        load_plus_run = [
-            load + run for load, run in zip(pr["graphx_load"]["s"], pr["graphx"]["s"], strict=True)
-        ]
-        pr["ratio_iterflow_over_graphx_load_plus_run"] = {
-            "of_medians": pr["iterflow"]["s_median"]
-            / (pr["graphx_load"]["s_median"] + pr["graphx"]["s_median"]),
-            "per_repetition": [
-                x / y for x, y in zip(pr["iterflow"]["s"], load_plus_run, strict=True)
-            ],
-        }
+        pr["ratio_iterflow_over_graphx_load_plus_run"] = ratio(
+            pr["iterflow"], load_plus_run(pr["graphx_load"], pr["graphx"])
+        )
         pr["ratio_iterflow_dataframe_over_graphx"] = (
             pr["iterflow_dataframe"]["s"] / pr["graphx"]["s_median"]
         )
@@ -610,7 +550,7 @@ def main() -> None:
             return check_components(results["iterflow"], graphx_labels[0], n)
 
         log(f"connected components: {repetitions} runs each after a warm-up")
-        cc = compare(
+        cc = compare_runners(
             spark,
             "components",
             {"iterflow": iterflow_components(g), "graphx": graphx_components(spark, jgraph)},
@@ -619,7 +559,9 @@ def main() -> None:
             release_graphx,
         )
         log("connected components, method='dataframe': one run")
-        cc_df = measure(spark, "components iterflow dataframe", iterflow_components(g, "dataframe"))
+        cc_df = time_run(
+            spark, "components iterflow dataframe", iterflow_components(g, "dataframe")
+        )
         cc["iterflow_dataframe"] = {
             "s": cc_df.seconds,
             "jobs": cc_df.jobs,
@@ -634,7 +576,7 @@ def main() -> None:
         cc["iterflow_rounds"] = cc_info["rounds"]
         cc["iterflow_termination"] = cc_info["termination"]
         cc["iterflow_counts_per_round"] = cc_info["counts"]
-        cc["ratio_iterflow_over_graphx"] = ratio(cc, "iterflow", "graphx")
+        cc["ratio_iterflow_over_graphx"] = ratio(cc["iterflow"], cc["graphx"])
         log(f"  checks: {cc['check']}")
         jgraph.unpersist(True)
         edges.unpersist()
@@ -645,7 +587,7 @@ def main() -> None:
             f"{pregel_repetitions} runs each after a warm-up"
         )
         pregel_graph, sssp = pregel_comparison(spark, layers, width, pregel_repetitions)
-        sssp["speedup_all_over_active"] = ratio(sssp, "all", "active")
+        sssp["speedup_all_over_active"] = ratio(sssp["all"], sssp["active"])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     elapsed = time.perf_counter() - started
@@ -728,9 +670,11 @@ def main() -> None:
         f"{pregel_graph['edges']:,} edges (medians of {pregel_repetitions})",
         rows,
     )
-    config = settings(
+    finish(
         spark,
+        "bench_graph",
         args.quick,
+        results,
         seed=SEED,
         vertices=n,
         edges=m,
@@ -751,8 +695,6 @@ def main() -> None:
         graphx="graphx_peer.load_graph(spark, edge list, 4) once (then timed again, warm); "
         "graphx_peer.pagerank(spark, jgraph, 10), graphx_peer.connected_components(...)",
     )
-    write_result("bench_graph", args.quick, config, results)
-    spark.stop()
 
 
 if __name__ == "__main__":

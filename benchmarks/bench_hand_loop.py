@@ -17,26 +17,26 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from _common import (
+    PageRankWorkload,
     RoundClock,
+    alternate,
     count_jobs,
+    finish,
     log,
     median,
-    pagerank_inputs,
+    pagerank_workload,
     parse_args,
     print_table,
     round_times,
-    settings,
     settle,
     start_session,
-    write_result,
 )
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
-import iterflow as itf
 from iterflow.demo.pagerank import pagerank_body, pagerank_update
 
 TARGET = 1.10
@@ -46,16 +46,7 @@ TARGET = 1.10
 TOL = -1.0
 
 
-class Workload(NamedTuple):
-    """The graph and round count every variant runs on."""
-
-    n: int
-    ranks0: DataFrame
-    edges: DataFrame
-    rounds: int
-
-
-def hand_fixed(w: Workload) -> list[float]:
+def hand_fixed(w: PageRankWorkload) -> list[float]:
     """Clock readings at the end of each round of the hand loop."""
     ranks, stamps = w.ranks0, []
     for _ in range(w.rounds):
@@ -65,7 +56,7 @@ def hand_fixed(w: Workload) -> list[float]:
     return stamps
 
 
-def hand_converging(w: Workload) -> list[float]:
+def hand_converging(w: PageRankWorkload) -> list[float]:
     """The hand loop with a convergence check as usually written: ``delta`` recomputes the round."""
     ranks, stamps = w.ranks0, []
     for _ in range(w.rounds):
@@ -78,7 +69,7 @@ def hand_converging(w: Workload) -> list[float]:
     return stamps
 
 
-def hand_converging_cached(w: Workload) -> list[float]:
+def hand_converging_cached(w: PageRankWorkload) -> list[float]:
     """The careful hand loop: new ranks cached while they are checkpointed and ``delta`` is read."""
     ranks, stamps = w.ranks0, []
     for _ in range(w.rounds):
@@ -93,17 +84,10 @@ def hand_converging_cached(w: Workload) -> list[float]:
     return stamps
 
 
-def iterflow_run(tol: float | None) -> Callable[[Workload], list[float]]:
-    def run(w: Workload) -> list[float]:
+def iterflow_run(tol: float | None) -> Callable[[PageRankWorkload], list[float]]:
+    def run(w: PageRankWorkload) -> list[float]:
         clock = RoundClock()
-        result = (
-            itf.BoundedIteration(pagerank_body(w.n, tol=tol))
-            .bind("ranks", w.ranks0)
-            .bind("edges", w.edges)
-            .until(itf.max_rounds(w.rounds))
-            .listen(clock)
-            .run()
-        )
+        result = w.iteration(pagerank_body(w.n, tol=tol)).listen(clock).run()
         end = time.perf_counter()
         result.release()
         # The loop's return (releasing round k-1, returning the result) belongs to the last round.
@@ -113,7 +97,10 @@ def iterflow_run(tol: float | None) -> Callable[[Workload], list[float]]:
 
 
 def measure(
-    spark: SparkSession, name: str, run: Callable[[Workload], list[float]], w: Workload
+    spark: SparkSession,
+    name: str,
+    run: Callable[[PageRankWorkload], list[float]],
+    w: PageRankWorkload,
 ) -> dict[str, Any]:
     settle(spark)
     with count_jobs(spark, f"hand-loop-{name}") as jobs:
@@ -126,24 +113,19 @@ def measure(
 
 def compare(
     spark: SparkSession,
-    variants: dict[str, Callable[[Workload], list[float]]],
-    w: Workload,
+    variants: dict[str, Callable[[PageRankWorkload], list[float]]],
+    w: PageRankWorkload,
     repetitions: int,
-    warm_up: Workload | None,
+    warm_up: PageRankWorkload | None,
 ) -> dict[str, Any]:
     """Run every variant ``repetitions`` times, rotating which goes first; per-variant medians."""
     names = list(variants)
     if warm_up is not None:
         for name in names:
             measure(spark, f"{name} (warm-up)", variants[name], warm_up)
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    sequence = [
-        name
-        for rep in range(repetitions)
-        for name in names[rep % len(names) :] + names[: rep % len(names)]
-    ]
-    for name in sequence:
-        runs[name].append(measure(spark, name, variants[name], w))
+    sequence, runs = alternate(
+        names, repetitions, lambda name: measure(spark, name, variants[name], w)
+    )
     summary = {
         name: {
             "total_s_median": median([r["total_s"] for r in rs]),
@@ -170,9 +152,8 @@ def main() -> None:
         vertices, edge_target, rounds, repetitions, warm_up_rounds = 20_000, 200_000, 60, 3, 10
 
     spark = start_session()
-    n, edge_count, ranks0, edges = pagerank_inputs(spark, vertices, edge_target)
-    w = Workload(n, ranks0, edges, rounds)
-    warm_up = Workload(n, ranks0, edges, warm_up_rounds) if warm_up_rounds else None
+    w = pagerank_workload(spark, vertices, edge_target, rounds)
+    warm_up = w._replace(rounds=warm_up_rounds) if warm_up_rounds else None
 
     log(f"fixed rounds: {rounds}, {repetitions} runs each")
     fixed = compare(
@@ -221,25 +202,14 @@ def main() -> None:
                 (f"{label}: iterflow / {peer}, total (target <= {TARGET})", r["total"]),
                 (f"{label}: iterflow / {peer}, median round", r["round_median"]),
             ]
-    print_table(
-        f"PageRank {n} vertices / {edge_count} edges, {rounds} rounds (medians of "
-        f"{repetitions} runs)",
-        rows,
-    )
-    config = settings(
-        spark,
-        args.quick,
-        vertices=n,
-        edges=edge_count,
-        graph=f"random_graph(spark, {vertices}, {edge_target}, seed=1)",
+    print_table(w.title(repetitions), rows)
+    config = w.settings(
         body=f"pagerank_body(n) / pagerank_body(n, tol={TOL})",
-        rounds=rounds,
         repetitions=repetitions,
         warm_up_rounds=warm_up_rounds,
         tol=TOL,
     )
-    write_result("bench_hand_loop", args.quick, config, results)
-    spark.stop()
+    finish(spark, "bench_hand_loop", args.quick, results, **config)
 
 
 if __name__ == "__main__":

@@ -74,21 +74,22 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from functools import partial
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from _common import (
-    count_jobs,
+    Run,
+    Runner,
+    compare_runners,
+    finish,
     log,
     median,
     parse_args,
     print_table,
-    settings,
-    settle,
+    ratio,
     start_session,
-    write_result,
 )
 from pyspark.ml.classification import LogisticRegression
 from pyspark.ml.clustering import KMeans
@@ -135,73 +136,18 @@ class Rounds(itf.RoundListener):
         }
 
 
-class Run(NamedTuple):
-    """One measured run: its seconds, its Spark jobs, its result and what it recorded."""
-
-    seconds: float
-    jobs: int
-    value: Any
-    info: dict[str, Any]
-
-
-Runner = Callable[[], tuple[Any, dict[str, Any]]]
-
-
-def measure(spark: SparkSession, label: str, runner: Runner) -> Run:
-    """Time ``runner`` in its own job group, after settling."""
-    settle(spark)
-    group = "ml-" + "".join(c if c.isalnum() else "-" for c in label)
-    with count_jobs(spark, group) as jobs:
-        clock = time.perf_counter()
-        value, info = runner()
-        seconds = time.perf_counter() - clock
-    log(f"  {label}: {seconds:.2f} s, {jobs.jobs} jobs, {info['iterations']} iterations")
-    return Run(seconds, jobs.jobs, value, info)
-
-
-def compare(
-    spark: SparkSession,
-    title: str,
-    runners: dict[str, Runner],
-    repetitions: int,
-    check: Callable[[dict[str, Any]], dict[str, Any]],
-) -> dict[str, Any]:
-    """One warm-up run of every variant (``check`` gets their results), then
-    ``repetitions`` runs of each, rotating which goes first."""
-    names = list(runners)
-    warm = {name: measure(spark, f"{title} {name} (warm-up)", runners[name]) for name in names}
-    checked = check({name: run.value for name, run in warm.items()})
-    sequence = [
-        name
-        for rep in range(repetitions)
-        for name in names[rep % len(names) :] + names[: rep % len(names)]
-    ]
-    runs: dict[str, list[Run]] = {name: [] for name in names}
-    for name in sequence:
-        runs[name].append(measure(spark, f"{title} {name}", runners[name])._replace(value=None))
-    summary: dict[str, Any] = {"sequence": sequence, "check": checked}
-    for name, rs in runs.items():
-        per_iteration = [r.seconds / r.info["iterations"] for r in rs]
-        summary[name] = {
-            "s_median": median([r.seconds for r in rs]),
-            "s": [r.seconds for r in rs],
-            "iterations": [r.info["iterations"] for r in rs],
-            "s_per_iteration_median": median(per_iteration),
-            "s_per_iteration": per_iteration,
-            "jobs": [r.jobs for r in rs],
-            "warm_up_s": warm[name].seconds,
-            "warm_up": warm[name].info,
-            "runs": [r.info for r in rs],
-        }
-    return summary
-
-
-def ratio(summary: dict[str, Any], a: str, b: str, key: str = "s") -> dict[str, Any]:
-    """``a / b`` of the medians of ``key`` ("s" or "s_per_iteration"), and per repetition."""
+def per_iteration(runs: list[Run]) -> dict[str, Any]:
+    """The iteration counts of ``runs`` and their seconds per iteration (median, every run)."""
+    seconds = [r.seconds / r.info["iterations"] for r in runs]
     return {
-        "of_medians": summary[a][f"{key}_median"] / summary[b][f"{key}_median"],
-        "per_repetition": [x / y for x, y in zip(summary[a][key], summary[b][key], strict=True)],
+        "iterations": [r.info["iterations"] for r in runs],
+        "s_per_iteration_median": median(seconds),
+        "s_per_iteration": seconds,
     }
+
+
+#: ``compare_runners`` with every variant's iterations and seconds per iteration.
+compare = partial(compare_runners, figures=per_iteration, count="iterations")
 
 
 # -- 1. k-means ----------------------------------------------------------------------------
@@ -244,9 +190,13 @@ def from_jvm(vectors: Any) -> np.ndarray:
     return np.array([list(v.toArray()) for v in vectors], dtype=np.float64)
 
 
-def iterflow_kmeans(points: DataFrame, start: np.ndarray) -> Runner:
+def iterflow_kmeans(
+    points: DataFrame, start: np.ndarray, recorder: type[Rounds] = Rounds
+) -> Runner:
+    """``kmeans(points, K, init=start, ...)`` for ``KMEANS_ROUNDS`` rounds; ``recorder`` listens."""
+
     def run() -> tuple[Any, dict[str, Any]]:
-        rounds = Rounds()
+        rounds = recorder()
         model = kmeans(
             points, K, init=start, max_rounds=KMEANS_ROUNDS, tol=None, progress=False, listen=rounds
         )
@@ -346,12 +296,14 @@ def kmeans_comparison(spark: SparkSession, n: int, repetitions: int) -> dict[str
         "final_cost"
     ]
     log(f"  checks: {summary['check']}")
-    summary["ratio_iterflow_over_mllib_same_init"] = ratio(summary, "iterflow", "mllib_same_init")
+    summary["ratio_iterflow_over_mllib_same_init"] = ratio(
+        summary["iterflow"], summary["mllib_same_init"]
+    )
     summary["ratio_per_iteration_iterflow_over_mllib_same_init"] = ratio(
-        summary, "iterflow", "mllib_same_init", "s_per_iteration"
+        summary["iterflow"], summary["mllib_same_init"], "s_per_iteration"
     )
     summary["ratio_per_iteration_iterflow_over_ml_fit_random_init"] = ratio(
-        summary, "iterflow", "ml_fit_random_init", "s_per_iteration"
+        summary["iterflow"], summary["ml_fit_random_init"], "s_per_iteration"
     )
     summary["iterflow"]["round_s_median"] = median(
         [r["round_s_median"] for r in summary["iterflow"]["runs"]]
@@ -403,9 +355,11 @@ def regression_inputs(
     )
 
 
-def iterflow_logistic(df: DataFrame, names: list[str]) -> Runner:
+def iterflow_logistic(df: DataFrame, names: list[str], recorder: type[Rounds] = Rounds) -> Runner:
+    """``logistic_regression(df, ...)`` for ``LR_ROUNDS`` rounds; ``recorder`` listens."""
+
     def run() -> tuple[Any, dict[str, Any]]:
-        rounds = Rounds()
+        rounds = recorder()
         model = logistic_regression(
             df,
             features=names,
@@ -460,9 +414,9 @@ def regression_comparison(spark: SparkSession, n: int, repetitions: int) -> dict
         check_["final_loss_mllib"]
     )
     log(f"  checks: {check_}")
-    summary["ratio_iterflow_over_mllib"] = ratio(summary, "iterflow", "mllib")
+    summary["ratio_iterflow_over_mllib"] = ratio(summary["iterflow"], summary["mllib"])
     summary["ratio_per_iteration_iterflow_over_mllib"] = ratio(
-        summary, "iterflow", "mllib", "s_per_iteration"
+        summary["iterflow"], summary["mllib"], "s_per_iteration"
     )
     summary["iterflow"]["round_s_median"] = median(
         [r["round_s_median"] for r in summary["iterflow"]["runs"]]
@@ -558,9 +512,11 @@ def main() -> None:
         f"{rows:,} x {LR_FEATURES} (medians of {repetitions})",
         rows_out,
     )
-    config = settings(
+    finish(
         spark,
+        "bench_ml",
         args.quick,
+        results,
         seed=SEED,
         init_seed=INIT_SEED,
         partitions=PARTITIONS,
@@ -586,8 +542,6 @@ def main() -> None:
         mllib_logistic="LogisticRegression(maxIter=50, tol=0.0, regParam=0.0, "
         "standardization=False).fit(VectorAssembler output)",
     )
-    write_result("bench_ml", args.quick, config, results)
-    spark.stop()
 
 
 if __name__ == "__main__":

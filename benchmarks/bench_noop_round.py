@@ -17,14 +17,13 @@ import time
 from _common import (
     RoundClock,
     count_jobs,
+    finish,
     log,
     median,
     parse_args,
     print_table,
     round_times,
-    settings,
     start_session,
-    write_result,
 )
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -155,10 +154,7 @@ def main() -> None:
             ),
         ],
     )
-    write_result(
-        "bench_noop_round", args.quick, settings(spark, args.quick, rounds=rounds), results
-    )
-    spark.stop()
+    finish(spark, "bench_noop_round", args.quick, results, rounds=rounds)
 
 
 if __name__ == "__main__":

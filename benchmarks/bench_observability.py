@@ -27,18 +27,19 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from _common import (
+    PageRankWorkload,
+    alternate,
     count_jobs,
+    finish,
     log,
     median,
-    pagerank_inputs,
+    pagerank_workload,
     parse_args,
     print_table,
-    settings,
     settle,
     start_session,
-    write_result,
 )
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
 import iterflow as itf
 from iterflow.demo.pagerank import pagerank_body
@@ -52,17 +53,8 @@ PUSH_EVERY_S = 1.0
 COUNTER = "bench.rounds"
 
 
-class Workload(NamedTuple):
-    """The graph and round count every run works on."""
-
-    n: int
-    ranks0: DataFrame
-    edges: DataFrame
-    rounds: int
-
-
 def run_once(
-    w: Workload, mode: str, files: Path, inc_s: list[float]
+    w: PageRankWorkload, mode: str, files: Path, inc_s: list[float]
 ) -> tuple[float, itf.IterationResult]:
     """One run in ``mode``: its time (building the iteration and ``run()``) and its result.
 
@@ -70,12 +62,7 @@ def run_once(
     fresh files in ``files``, and the listener appends the time of each ``inc()`` to
     ``inc_s``.
     """
-    it = (
-        itf.BoundedIteration(pagerank_body(w.n))
-        .bind("ranks", w.ranks0)
-        .bind("edges", w.edges)
-        .until(itf.max_rounds(w.rounds))
-    )
+    it = w.iteration()
     if mode == "off":
         start = time.perf_counter()
         result = it.run(progress=False)
@@ -109,7 +96,7 @@ class Run(NamedTuple):
     metrics: dict[str, itf.metrics.MetricResult]
 
 
-def measure(spark: SparkSession, label: str, mode: str, w: Workload) -> Run:
+def measure(spark: SparkSession, label: str, mode: str, w: PageRankWorkload) -> Run:
     settle(spark)
     with tempfile.TemporaryDirectory(prefix="iterflow-bench-") as tmp:
         files = Path(tmp)
@@ -194,20 +181,16 @@ def main() -> None:
         vertices, edge_target, rounds, repetitions = 20_000, 200_000, 50, 6
 
     spark = start_session()
-    n, edge_count, ranks0, edges = pagerank_inputs(spark, vertices, edge_target)
-    w = Workload(n, ranks0, edges, rounds)
+    w = pagerank_workload(spark, vertices, edge_target, rounds)
 
     log(f"warm-up: one run of each mode, {rounds} rounds")
     for mode in MODES:
         measure(spark, f"{mode} (warm-up)", mode, w)
     log(f"{rounds} rounds, {repetitions} runs of each mode")
-    sequence = [mode for rep in range(repetitions) for mode in MODES[rep % 2 :] + MODES[: rep % 2]]
-    measured: dict[str, list[Run]] = {mode: [] for mode in MODES}
-    for mode in sequence:
-        measured[mode].append(measure(spark, mode, mode, w))
+    sequence, measured = alternate(MODES, repetitions, lambda mode: measure(spark, mode, mode, w))
     runs = {mode: [r.numbers for r in rs] for mode, rs in measured.items()}
     log("driver-side cost of the observers, replayed without Spark")
-    driver = driver_costs(pagerank_body(n).name, measured["on"][-1])
+    driver = driver_costs(pagerank_body(w.n).name, measured["on"][-1])
 
     summary = {
         mode: {
@@ -274,19 +257,8 @@ def main() -> None:
         ("driver: all of it, per round (us)", costs["per_round_s"] * 1e6),
         ("driver: per round / off median round", costs["per_round_over_off_round"]),
     ]
-    print_table(
-        f"PageRank {n} vertices / {edge_count} edges, {rounds} rounds (medians of "
-        f"{repetitions} runs)",
-        rows,
-    )
-    config = settings(
-        spark,
-        args.quick,
-        vertices=n,
-        edges=edge_count,
-        graph=f"random_graph(spark, {vertices}, {edge_target}, seed=1)",
-        body="pagerank_body(n)",
-        rounds=rounds,
+    print_table(w.title(repetitions), rows)
+    config = w.settings(
         repetitions=repetitions,
         warm_up_rounds=rounds,
         on=(
@@ -296,8 +268,7 @@ def main() -> None:
         ),
         off="run(progress=False)",
     )
-    write_result("bench_observability", args.quick, config, results)
-    spark.stop()
+    finish(spark, "bench_observability", args.quick, results, **config)
 
 
 if __name__ == "__main__":

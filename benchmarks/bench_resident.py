@@ -92,22 +92,25 @@ import pyarrow as pa
 from _common import (
     RESULTS,
     RoundClock,
+    Runner,
+    alternate,
+    compare_runners,
     count_jobs,
+    finish,
     log,
     median,
     parse_args,
     print_table,
-    settings,
+    ratio,
     settle,
     start_session,
-    write_result,
+    time_run,
 )
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.graph import Graph, pagerank
-from iterflow.ml import kmeans, logistic_regression
+from iterflow.graph import Graph
 from iterflow.ml.model import cell, model_row
 from iterflow.runtime.resident import RESIDENT_CONF
 
@@ -151,8 +154,18 @@ def set_mode(spark: SparkSession, variant: str) -> None:
     spark.conf.set(RESIDENT_CONF, MODES[variant])
 
 
+def in_mode(spark: SparkSession, variant: str, runner: Runner) -> Runner:
+    """``runner`` in one resident mode: the setting is set first, inside the timed block."""
+
+    def run() -> tuple[Any, dict[str, Any]]:
+        set_mode(spark, variant)
+        return runner()
+
+    return run
+
+
 def round_figures(summary: dict[str, Any], variant: str) -> dict[str, Any]:
-    """Item 5 for one iterflow variant of a ``compare`` summary: per-round medians
+    """Item 5 for one iterflow variant of a ``compare_runners`` summary: per-round medians
     (rounds 1..), round 0, time outside the rounds, and whether the rounds were resident
     as the variant asks."""
     s = summary[variant]
@@ -178,32 +191,7 @@ def round_figures(summary: dict[str, Any], variant: str) -> dict[str, Any]:
     }
 
 
-def ratio_of(a: dict[str, Any], b: dict[str, Any], key: str = "s") -> dict[str, Any]:
-    """``a / b`` of the medians of ``key``, and per repetition (``bench_ml.ratio``)."""
-    return bench_ml.ratio({"a": a, "b": b}, "a", "b", key)
-
-
 # -- 1. PageRank ---------------------------------------------------------------------
-
-
-def pagerank_run(spark: SparkSession, g: Graph, variant: str) -> bench_graph.Runner:
-    """``bench_graph.iterflow_pagerank(g, "arrow")`` in one resident mode."""
-
-    def run() -> tuple[Any, dict[str, Any]]:
-        set_mode(spark, variant)
-        rounds = GraphRounds()
-        ranks = pagerank(
-            g,
-            tol=None,
-            max_rounds=bench_graph.ROUNDS,
-            method="arrow",
-            progress=False,
-            listen=rounds,
-        )
-        ranks.count()
-        return ranks, rounds.summary()
-
-    return run
 
 
 def pagerank_comparison(
@@ -218,11 +206,7 @@ def pagerank_comparison(
     graph: dict[str, Any] = {"vertices": n, "edges": m}
     graph["graphx_first_load_s"] = time.perf_counter() - clock
     clock = time.perf_counter()
-    edges = spark.createDataFrame(pa.table({"src": src, "dst": dst}))
-    edges = edges.repartition(bench_graph.PARTITIONS).cache()
-    vertices = spark.range(n).cache()
-    edges.count()
-    vertices.count()
+    vertices, edges = bench_graph.cached_inputs(spark, {"src": src, "dst": dst}, n)
     graph["iterflow_inputs_s"] = time.perf_counter() - clock
     log(
         f"graph: {n:,} vertices, {m:,} edges; GraphX load {graph['graphx_first_load_s']:.2f} s, "
@@ -249,43 +233,38 @@ def pagerank_comparison(
             log("  CHECK FAILED: resident ranks differ from the off ranks")
         return found
 
-    def release(name: str, value: Any) -> None:
-        if name == "graphx":
-            graphx_peer.release(value)
-
     log(f"PageRank, {rounds} rounds: {repetitions} runs each after a warm-up")
-    summary = bench_graph.compare(
+    summary = compare_runners(
         spark,
         "pagerank",
         {
-            "resident": pagerank_run(spark, g, "resident"),
-            "off": pagerank_run(spark, g, "off"),
+            "resident": in_mode(
+                spark, "resident", bench_graph.iterflow_pagerank(g, "arrow", GraphRounds)
+            ),
+            "off": in_mode(spark, "off", bench_graph.iterflow_pagerank(g, "arrow", GraphRounds)),
             "graphx": bench_graph.graphx_pagerank(spark, jgraph),
         },
         repetitions,
         check,
-        release,
+        bench_graph.release_graphx,
     )
     log(f"  checks: {summary['check']}")
     log(f"GraphX edge-list load again, warm: {repetitions} runs")
     loads = [
-        bench_graph.measure(spark, "graphx load", bench_graph.graphx_load(spark, path))
+        time_run(spark, "graphx load", bench_graph.graphx_load(spark, path))
         for _ in range(repetitions)
     ]
     load = {"s_median": median([r.seconds for r in loads]), "s": [r.seconds for r in loads]}
     summary["graphx_load"] = load
-    load_plus_run = {
-        "s_median": load["s_median"] + summary["graphx"]["s_median"],
-        "s": [a + b for a, b in zip(load["s"], summary["graphx"]["s"], strict=True)],
-    }
+    load_plus_run = bench_graph.load_plus_run(load, summary["graphx"])
     summary["graphx_load_plus_run"] = load_plus_run
     for variant in MODES:
         summary[variant].update(round_figures(summary, variant))
-        summary[f"ratio_{variant}_over_graphx_load_plus_run"] = ratio_of(
+        summary[f"ratio_{variant}_over_graphx_load_plus_run"] = ratio(
             summary[variant], load_plus_run
         )
-        summary[f"ratio_{variant}_over_graphx_run"] = ratio_of(summary[variant], summary["graphx"])
-    summary["ratio_resident_over_off"] = ratio_of(summary["resident"], summary["off"])
+        summary[f"ratio_{variant}_over_graphx_run"] = ratio(summary[variant], summary["graphx"])
+    summary["ratio_resident_over_off"] = ratio(summary["resident"], summary["off"])
     summary["ratio_resident_over_off_round"] = (
         summary["resident"]["round_s_median"] / summary["off"]["round_s_median"]
     )
@@ -297,28 +276,6 @@ def pagerank_comparison(
 
 
 # -- 2. k-means ----------------------------------------------------------------------
-
-
-def kmeans_run(
-    spark: SparkSession, points: DataFrame, start: np.ndarray, variant: str
-) -> bench_ml.Runner:
-    """``bench_ml.iterflow_kmeans`` in one resident mode."""
-
-    def run() -> tuple[Any, dict[str, Any]]:
-        set_mode(spark, variant)
-        rounds = MLRounds()
-        model = kmeans(
-            points,
-            bench_ml.K,
-            init=start,
-            max_rounds=bench_ml.KMEANS_ROUNDS,
-            tol=None,
-            progress=False,
-            listen=rounds,
-        )
-        return model.centroids, {**rounds.summary(), "termination": model.termination.reason}
-
-    return run
 
 
 def kmeans_comparison(spark: SparkSession, n: int, repetitions: int) -> dict[str, Any]:
@@ -345,8 +302,10 @@ def kmeans_comparison(spark: SparkSession, n: int, repetitions: int) -> dict[str
         spark,
         "kmeans",
         {
-            "resident": kmeans_run(spark, arrays, start, "resident"),
-            "off": kmeans_run(spark, arrays, start, "off"),
+            "resident": in_mode(
+                spark, "resident", bench_ml.iterflow_kmeans(arrays, start, MLRounds)
+            ),
+            "off": in_mode(spark, "off", bench_ml.iterflow_kmeans(arrays, start, MLRounds)),
             "mllib_same_init": bench_ml.mllib_kmeans_same_init(spark, vectors, jstart),
         },
         repetitions,
@@ -359,9 +318,9 @@ def kmeans_comparison(spark: SparkSession, n: int, repetitions: int) -> dict[str
             cost - mllib_cost
         ) / abs(mllib_cost)
         summary[variant].update(round_figures(summary, variant))
-        summary[f"ratio_{variant}_over_mllib"] = bench_ml.ratio(summary, variant, "mllib_same_init")
+        summary[f"ratio_{variant}_over_mllib"] = ratio(summary[variant], summary["mllib_same_init"])
     log(f"  checks: {summary['check']}")
-    summary["ratio_resident_over_off"] = bench_ml.ratio(summary, "resident", "off")
+    summary["ratio_resident_over_off"] = ratio(summary["resident"], summary["off"])
     summary["ratio_resident_over_off_round"] = (
         summary["resident"]["round_s_median"] / summary["off"]["round_s_median"]
     )
@@ -372,29 +331,6 @@ def kmeans_comparison(spark: SparkSession, n: int, repetitions: int) -> dict[str
 
 
 # -- 3. logistic regression ------------------------------------------------------------
-
-
-def logistic_run(
-    spark: SparkSession, df: DataFrame, names: list[str], variant: str
-) -> bench_ml.Runner:
-    """``bench_ml.iterflow_logistic`` in one resident mode."""
-
-    def run() -> tuple[Any, dict[str, Any]]:
-        set_mode(spark, variant)
-        rounds = MLRounds()
-        model = logistic_regression(
-            df,
-            features=names,
-            max_rounds=bench_ml.LR_ROUNDS,
-            tol=None,
-            learning_rate=bench_ml.LEARNING_RATE,
-            progress=False,
-            listen=rounds,
-        )
-        value = np.append(model.coefficients, model.intercept)
-        return value, {**rounds.summary(), "termination": model.termination.reason}
-
-    return run
 
 
 def numpy_logistic(columns: DataFrame, names: list[str]) -> np.ndarray:
@@ -436,8 +372,10 @@ def logistic_comparison(spark: SparkSession, n: int, repetitions: int) -> dict[s
         spark,
         "logistic",
         {
-            "resident": logistic_run(spark, columns, names, "resident"),
-            "off": logistic_run(spark, columns, names, "off"),
+            "resident": in_mode(
+                spark, "resident", bench_ml.iterflow_logistic(columns, names, MLRounds)
+            ),
+            "off": in_mode(spark, "off", bench_ml.iterflow_logistic(columns, names, MLRounds)),
             "mllib": bench_ml.mllib_logistic(assembled),
         },
         repetitions,
@@ -446,12 +384,12 @@ def logistic_comparison(spark: SparkSession, n: int, repetitions: int) -> dict[s
     for variant in MODES:
         summary["check"][f"final_loss_{variant}"] = summary[variant]["warm_up"]["final_loss"]
         summary[variant].update(round_figures(summary, variant))
-        summary[f"ratio_{variant}_over_mllib_per_iteration"] = bench_ml.ratio(
-            summary, variant, "mllib", "s_per_iteration"
+        summary[f"ratio_{variant}_over_mllib_per_iteration"] = ratio(
+            summary[variant], summary["mllib"], "s_per_iteration"
         )
     summary["check"]["final_loss_mllib"] = summary["mllib"]["warm_up"]["final_loss"]
     log(f"  checks: {summary['check']}")
-    summary["ratio_resident_over_off"] = bench_ml.ratio(summary, "resident", "off")
+    summary["ratio_resident_over_off"] = ratio(summary["resident"], summary["off"])
     summary["ratio_resident_over_off_round"] = (
         summary["resident"]["round_s_median"] / summary["off"]["round_s_median"]
     )
@@ -538,20 +476,17 @@ def noop_comparison(spark: SparkSession, rounds: int, repetitions: int) -> dict[
     names = list(runners)
     log("no-op rounds: warm-up, 10 rounds each")
     warm = {name: runners[name](10) for name in names}
-    sequence = [
-        name
-        for rep in range(repetitions)
-        for name in names[rep % len(names) :] + names[: rep % len(names)]
-    ]
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    for name in sequence:
+
+    def measure(name: str) -> dict[str, Any]:
         run = runners[name](rounds)
         per_round = median(run["duration_s"][1:])
         log(
             f"  no-op {name}: {rounds} rounds in {run['total_s']:.2f} s, median duration_s "
             f"(rounds 1..) {per_round * 1000:.1f} ms, {run['jobs']} jobs"
         )
-        runs[name].append(run)
+        return run
+
+    sequence, runs = alternate(names, repetitions, measure)
     summary: dict[str, Any] = {"sequence": sequence, "rounds": rounds}
     for name, rs in runs.items():
         per_run = [median(r["duration_s"][1:]) for r in rs]
@@ -746,9 +681,11 @@ def main() -> None:
         f"{noop_rounds} rounds",
         rows_out,
     )
-    config = settings(
+    finish(
         spark,
+        "bench_resident",
         args.quick,
+        results,
         resident_modes=MODES,
         resident_tasks="1 (local[2]: at most half of the 2 task slots)",
         pagerank_vertices=n,
@@ -782,8 +719,6 @@ def main() -> None:
         "combine_schema='x ARRAY<DOUBLE>'), model 16 doubles, points 100,000 doubles in 4 "
         "partitions",
     )
-    write_result("bench_resident", args.quick, config, results)
-    spark.stop()
 
 
 if __name__ == "__main__":

@@ -23,19 +23,19 @@ import time
 from typing import Any
 
 from _common import (
+    PageRankWorkload,
     RoundClock,
     count_jobs,
+    finish,
     log,
     median,
-    pagerank_inputs,
+    pagerank_workload,
     parse_args,
     print_table,
-    settings,
     settle,
     size_estimate_log10,
     slope,
     start_session,
-    write_result,
 )
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -61,21 +61,14 @@ class SizeProbe:
 
 
 def run_iterflow(
-    spark: SparkSession,
-    body: itf.IterationBody,
-    ranks0: DataFrame,
-    edges: DataFrame,
-    rounds: int,
-    guard_s: float,
+    spark: SparkSession, w: PageRankWorkload, body: itf.IterationBody, guard_s: float
 ) -> dict[str, Any]:
     clock, sizes = RoundClock(), SizeProbe()
     with count_jobs(spark, "growth-iterflow") as jobs:
         clock.start = time.perf_counter()
         result = (
-            itf.BoundedIteration(body)
-            .bind("ranks", ranks0)
-            .bind("edges", edges)
-            .until(itf.max_rounds(rounds), itf.until(lambda p: p.duration_s > guard_s))
+            w.iteration(body)
+            .until(itf.until(lambda p: p.duration_s > guard_s))
             .listen(clock)
             .listen(sizes)
             .run()
@@ -178,17 +171,17 @@ def main() -> None:
     late = ((rounds * 3) // 4, rounds - 1)
 
     spark = start_session()
-    n, edge_count, ranks0, edges = pagerank_inputs(spark, vertices, edge_target)
-    body = pagerank_body(n)
+    w = pagerank_workload(spark, vertices, edge_target, rounds)
+    body = pagerank_body(w.n)
 
     log(f"warm-up: iterflow, {warm_up} rounds")
-    run_iterflow(spark, body, ranks0, edges, warm_up, guard_s)
+    run_iterflow(spark, w._replace(rounds=warm_up), body, guard_s)
     settle(spark)
     log(f"iterflow, pagerank_body(n): up to {rounds} rounds")
-    flow = run_iterflow(spark, body, ranks0, edges, rounds, guard_s)
+    flow = run_iterflow(spark, w, body, guard_s)
     settle(spark)
     log(f"plain loop without lineage cutting: up to {plain_rounds} rounds")
-    plain = run_plain(n, ranks0, edges, plain_rounds, guard_s)
+    plain = run_plain(w.n, w.ranks0, w.edges, plain_rounds, guard_s)
 
     g = growth(flow, early, late)
     plain_s = plain["round_s"]
@@ -231,22 +224,9 @@ def main() -> None:
         ("  growth factor per round", results["plain"]["growth_factor_per_round"]),
         ("  log10 size estimate, last round", (plain["size_estimate_log10"] or [None])[-1]),
     ]
-    print_table(f"PageRank {n} vertices / {edge_count} edges, up to {rounds} rounds", rows)
-
-    config = settings(
-        spark,
-        args.quick,
-        vertices=n,
-        edges=edge_count,
-        graph=f"random_graph(spark, {vertices}, {edge_target}, seed=1)",
-        body="pagerank_body(n)",
-        rounds=rounds,
-        warm_up_rounds=warm_up,
-        guard_s=guard_s,
-        plain_rounds=plain_rounds,
-    )
-    write_result("bench_round_growth", args.quick, config, results)
-    spark.stop()
+    print_table(f"PageRank {w.n} vertices / {w.edge_count} edges, up to {rounds} rounds", rows)
+    config = w.settings(warm_up_rounds=warm_up, guard_s=guard_s, plain_rounds=plain_rounds)
+    finish(spark, "bench_round_growth", args.quick, results, **config)
 
 
 if __name__ == "__main__":

@@ -47,14 +47,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from _common import (
+    alternate,
+    finish,
     log,
     median,
     parse_args,
     print_table,
-    settings,
     settle,
     start_session,
-    write_result,
 )
 from _online_kmeans import batch_sums
 from pyspark.sql import DataFrame, SparkSession
@@ -464,12 +464,9 @@ def main() -> None:
         for variant in VARIANTS:
             measure(spark, progress, f"{variant} (warm-up)", variant, warm)
         log(f"{files} epochs, {repetitions} runs of each variant")
-        sequence = [
-            v for rep in range(repetitions) for v in VARIANTS[rep % 3 :] + VARIANTS[: rep % 3]
-        ]
-        runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
-        for variant in sequence:
-            runs[variant].append(measure(spark, progress, variant, variant, w))
+        sequence, runs = alternate(
+            VARIANTS, repetitions, lambda variant: measure(spark, progress, variant, variant, w)
+        )
         log("breakdown: one more iterflow run with its epoch's steps timed")
         timed = breakdown(spark, progress, w)
         log("input: one file read as JSON lines and as parquet")
@@ -572,9 +569,11 @@ def main() -> None:
         f"(medians of {repetitions} runs)",
         rows,
     )
-    config = settings(
+    finish(
         spark,
+        "bench_unbounded",
         args.quick,
+        results,
         k=K,
         dims=DIMS,
         decay=DECAY,
@@ -595,8 +594,6 @@ def main() -> None:
         plain_df="writeStream.foreachBatch(model DataFrame, the body's function, "
         "localCheckpoint(eager=True)).trigger(availableNow=True)",
     )
-    write_result("bench_unbounded", args.quick, config, results)
-    spark.stop()
 
 
 if __name__ == "__main__":
