@@ -19,9 +19,10 @@ from iterflow.body import Declaration, IterationBody, RoundContext, body
 from iterflow.bounded import BoundedIteration, IterationResult
 from iterflow.errors import DivergenceError, IterflowError, IterflowWarning, RoundError
 from iterflow.progress import IterationEnd, RoundEnd, RoundListener, RoundProgress
-from iterflow.runtime.columnar import to_arrow
+from iterflow.records import Termination
+from iterflow.runtime.driver_variables import to_arrow, vector, vector_cell
 from iterflow.runtime.session import session
-from iterflow.termination import Condition, Termination, converged, empty, max_rounds, until
+from iterflow.termination import Condition, converged, empty, max_rounds, until
 from iterflow.unbounded import FileSink, UnboundedIteration, UnboundedQuery
 
 __version__ = "0.1.0"
@@ -54,4 +55,6 @@ __all__ = [
     "session",
     "to_arrow",
     "until",
+    "vector",
+    "vector_cell",
 ]

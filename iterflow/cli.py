@@ -80,7 +80,7 @@ def _session(args: argparse.Namespace) -> Any:
 def _quiet(spark: Any) -> None:
     """Keep the command's own lines readable: Spark logs errors only (classic sessions;
     a Spark Connect server keeps its own log level)."""
-    from iterflow.runtime.session import spark_context
+    from iterflow.runtime.jvm import spark_context
 
     context = spark_context(spark)
     if context is not None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import sys
+import warnings
 
 
 class IterflowError(Exception):
@@ -62,3 +64,22 @@ class RoundError(IterflowError):
 
 class IterflowWarning(UserWarning):
     """Something works but is probably not what was meant."""
+
+
+#: Modules whose frames stand between iterflow's code and its caller (``with`` blocks,
+#: ``functools.partial``): a warning skips them as it skips iterflow's own frames.
+_PASSED_THROUGH = ("contextlib", "functools", "threading")
+
+
+def warn(message: str, category: type[Warning] = IterflowWarning) -> None:
+    """Warn with the caller's line: the first frame outside iterflow (the user's
+    ``run()``, or the listener that a round called), however deep iterflow's own
+    call chain is at the moment."""
+    frame = sys._getframe(1)
+    level = 2  # warnings.warn counts this function as 1
+    while frame is not None and (
+        frame.f_globals.get("__name__", "").partition(".")[0] in ("iterflow", *_PASSED_THROUGH)
+    ):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    warnings.warn(message, category, stacklevel=level)

@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 
 from iterflow.errors import DivergenceError, IterflowTypeError, IterflowValueError
-from iterflow.progress.round import RoundProgress
+from iterflow.records import RoundProgress, Termination
 
 #: Termination reasons, in the order that picks ``Termination.reason``.
 REASONS: tuple[str, ...] = (
@@ -138,15 +138,6 @@ def _require_dataframe(obj: Any, where: str) -> None:
     # DataFrames both have these.
     if not (hasattr(obj, "schema") and hasattr(obj, "sparkSession")):
         raise IterflowTypeError(f"{where} takes a DataFrame of the round, got {type(obj).__name__}")
-
-
-@attrs.frozen
-class Termination:
-    """Why the iteration stopped: ``reason`` is the first of ``reasons`` in REASONS order."""
-
-    reason: str
-    epoch: int
-    reasons: tuple[str, ...]
 
 
 def flatten(conditions: Sequence[Condition | None]) -> Iterator[Condition]:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from sessions import jobs_started
 
 import iterflow as itf
-from iterflow.runtime.rounds import DRIVER_ROWS_CONF
+from iterflow.runtime.driver_variables import DRIVER_ROWS_CONF
 
 pytestmark = pytest.mark.spark
 
@@ -445,3 +447,45 @@ def test_small_variables_are_held_on_the_driver_after_the_first_round(
             run()
     finally:
         spark.conf.unset(DRIVER_ROWS_CONF)
+
+
+def test_vector_reads_a_one_row_model_and_vector_cell_writes_one(spark: SparkSession) -> None:
+    """Gradient descent on f(w) = |w - target|^2 / 2 with the model as one array row:
+    each round reads it with itf.vector and writes the next with itf.vector_cell."""
+    target = np.array([3.0, -1.0, 0.5])
+    schema = "w ARRAY<DOUBLE>"
+
+    @itf.body
+    def descend(model: DataFrame) -> itf.Declaration:
+        w = itf.vector(model, "w")
+        following = spark.createDataFrame(
+            pa.table([itf.vector_cell(w - 0.5 * (w - target))], names=["w"]), schema=schema
+        )
+        return itf.Declaration(feedback={"model": following}, outputs={"model": following})
+
+    jobs_to_read: list[int] = []
+
+    def read(end: itf.RoundEnd) -> None:
+        before = jobs_started(spark)
+        itf.vector(end.variables["model"], "w")
+        jobs_to_read.append(jobs_started(spark) - before)
+
+    start = spark.createDataFrame([([0.0, 0.0, 0.0],)], schema)
+    result = (
+        itf.BoundedIteration(descend)
+        .bind("model", start)
+        .until(itf.max_rounds(4))
+        .listen(read)
+        .run()
+    )
+    expected = target * (1 - 0.5**4)  # w_k = target (1 - 2^-k) from w_0 = 0
+    np.testing.assert_allclose(itf.vector(result.outputs["model"], "w"), expected, rtol=1e-15)
+    assert jobs_to_read[1:] == [0, 0, 0]  # held on the driver from round 1 on
+
+    for column, row, match in [("v", 0, "no column 'v'"), ("w", 1, "has 1 row")]:
+        with pytest.raises(itf.IterflowError, match=match):
+            itf.vector(start, column, row)
+    with pytest.raises(itf.IterflowError, match="not an array"):
+        itf.vector(spark.createDataFrame([(1.0,)], "w DOUBLE"), "w")
+    with pytest.raises(itf.IterflowError, match="is null"):
+        itf.vector(spark.createDataFrame([(None,)], schema), "w")

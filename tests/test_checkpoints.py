@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 import iterflow as itf
 from iterflow.progress.events import read_events, round_ends
 from iterflow.runtime.checkpoint import MARKER, epoch_dir
-from iterflow.runtime.rounds import DRIVER_ROWS_CONF
+from iterflow.runtime.driver_variables import DRIVER_ROWS_CONF
 
 pytestmark = pytest.mark.spark
 

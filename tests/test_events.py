@@ -17,7 +17,7 @@ from iterflow.metrics.values import DistributionValue, MetricResult
 from iterflow.progress.events import EventLog, progress_to_dict, read_events
 from iterflow.progress.plot import plot_events
 from iterflow.progress.report import format_report
-from iterflow.progress.round import RoundProgress
+from iterflow.records import RoundProgress
 from iterflow.termination import Termination
 
 ROUNDS = 6

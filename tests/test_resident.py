@@ -574,7 +574,7 @@ def test_a_held_frame_makes_one_jvm_dataset_when_threads_race_for_it(spark):
     Dataset: columns of one must resolve in joins built from the other."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from iterflow.runtime.columnar import held_frame
+    from iterflow.runtime.driver_variables import held_frame
 
     table = pa.table({"id": pa.array(range(50), pa.int64())})
     frame = held_frame(spark, table, spark.createDataFrame(table).schema)
@@ -588,7 +588,7 @@ def test_a_held_frame_makes_one_jvm_dataset_when_threads_race_for_it(spark):
 def test_too_few_task_slots_fall_back_with_the_reason(spark, tmp_path, monkeypatch):
     """One slot (local[1], say): a resident task would leave none for the round's jobs."""
     points = spark.createDataFrame(pa.table({"x": np.arange(30.0)})).repartition(2)
-    monkeypatch.setattr(resident, "_task_slots", lambda context: 1)
+    monkeypatch.setattr(resident, "task_slots", lambda context: 1)
     result = run_sums(spark, points, event_log=tmp_path / "slots.jsonl")
     assert result.outputs["acc"].first()["acc"] == 6 * sum(range(30))
     described = started_event(tmp_path / "slots.jsonl")["resident"]

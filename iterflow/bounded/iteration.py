@@ -11,17 +11,11 @@ from pyspark.sql import DataFrame, SparkSession
 from iterflow.body import IterationBody
 from iterflow.bounded.loop import RoundLoop
 from iterflow.bounded.result import IterationResult
+from iterflow.builder import Binding, IterationBuilder, at_least_one, check_progress_option
 from iterflow.errors import IterflowTypeError, IterflowValueError
-from iterflow.runtime.builder import (
-    Binding,
-    IterationBuilder,
-    at_least_one,
-    check_progress_option,
-)
-from iterflow.runtime.checkpoint import Checkpointing, CheckpointOptions, fingerprint
-from iterflow.runtime.observers import ObserverOptions, RunObservers
+from iterflow.runtime.checkpoint import CheckpointOptions
+from iterflow.runtime.driver_variables import driver_rows
 from iterflow.runtime.resident import ResidentPolicy
-from iterflow.runtime.rounds import driver_rows
 from iterflow.runtime.schema import describe_inputs
 from iterflow.termination import Condition
 
@@ -103,32 +97,30 @@ class BoundedIteration(IterationBuilder):
         held_rows = driver_rows(active)
         residency = ResidentPolicy(active)  # checks spark.iterflow.resident before anything starts
         replay = {name for name, b in self._bindings.items() if b.replay}
-        options = ObserverOptions(progress=progress, event_log=event_log, sinks=tuple(self._sinks))
-        checkpointing = None
+        checkpoints = None
         if checkpoint_dir is not None:
-            checkpointing = Checkpointing(
-                active,
-                CheckpointOptions(
-                    directory=os.fspath(checkpoint_dir),
-                    every=at_least_one("checkpoint_every", checkpoint_every),
-                    asynchronous=bool(checkpoint_async),
-                    keep=at_least_one("checkpoint_keep", checkpoint_keep),
-                    resume=bool(resume),
-                ),
-                fingerprint(self._body.name, describe_inputs(inputs, replay)),
+            checkpoints = CheckpointOptions(
+                directory=os.fspath(checkpoint_dir),
+                every=at_least_one("checkpoint_every", checkpoint_every),
+                asynchronous=bool(checkpoint_async),
+                keep=at_least_one("checkpoint_keep", checkpoint_keep),
+                resume=bool(resume),
             )
+        checkpointing, observers = self._assemble(
+            active,
+            described_inputs=describe_inputs(inputs, replay),
+            checkpoints=checkpoints,
+            progress=progress,
+            event_log=event_log,
+            static_conditions=self._conditions,
+        )
         loop = RoundLoop(
             body=self._body,
             inputs=inputs,
             replay=replay,
             conditions=tuple(self._conditions),
             listeners=self._listeners,
-            observers=RunObservers(
-                iteration=self._body.name,
-                spark=active,
-                options=options,
-                static_conditions=self._conditions,
-            ),
+            observers=observers,
             residency=residency,
             checkpointing=checkpointing,
             driver_rows=held_rows,

@@ -8,12 +8,11 @@ from typing import Any
 import attrs
 from pyspark.sql import DataFrame
 
-from iterflow.progress.round import RoundProgress
+from iterflow.records import RoundProgress, Termination
 from iterflow.runtime.materialize import release
-from iterflow.termination import Termination
 
 
-@attrs.define(kw_only=True)
+@attrs.frozen(kw_only=True)
 class IterationResult:
     """Outputs of the last round, how the iteration ended, and its per-round history.
 

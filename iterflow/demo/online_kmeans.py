@@ -220,6 +220,46 @@ class EpochPrinter:
         )
 
 
+def _feed_until_consumed(
+    query: itf.UnboundedQuery,
+    printer: EpochPrinter,
+    incoming: Path,
+    batches: list[np.ndarray],
+    *,
+    interval_s: float,
+    timeout_s: float,
+    started: float,
+) -> float:
+    """Write ``batches`` into ``incoming`` one file every ``interval_s`` seconds while
+    ``query`` runs; stop the query once every point is consumed (or ``timeout_s`` after
+    the last file, at the latest). The seconds from ``started`` until then."""
+    written = sum(len(batch) for batch in batches)
+
+    def feed(stop: threading.Event) -> None:
+        for index, batch in enumerate(batches):
+            if index and stop.wait(interval_s):
+                return
+            write_points(incoming, f"points-{index:05d}.json", batch)
+
+    stop_feeding = threading.Event()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kmeans-feed") as pool:
+        feeding = pool.submit(feed, stop_feeding)
+        try:
+            deadline = None
+            while printer.points < written:
+                if query.await_termination(0.1):  # ended by itself: raises its error
+                    break
+                if feeding.done():
+                    feeding.result()  # raises the writer's error, if any
+                    deadline = deadline or time.perf_counter() + timeout_s
+                if deadline is not None and time.perf_counter() > deadline:
+                    break
+            return time.perf_counter() - started
+        finally:
+            stop_feeding.set()
+            query.stop()  # the epoch in progress, if any, finishes and commits first
+
+
 def run_online_kmeans(
     spark: SparkSession,
     *,
@@ -282,29 +322,15 @@ def run_online_kmeans(
             )
         )
 
-        def feed(stop: threading.Event) -> None:
-            for index, batch in enumerate(batches):
-                if index and stop.wait(interval_s):
-                    return
-                write_points(incoming, f"points-{index:05d}.json", batch)
-
-        stop_feeding = threading.Event()
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kmeans-feed") as pool:
-            feeding = pool.submit(feed, stop_feeding)
-            try:
-                deadline = None
-                while printer.points < written:
-                    if query.await_termination(0.1):  # ended by itself: raises its error
-                        break
-                    if feeding.done():
-                        feeding.result()  # raises the writer's error, if any
-                        deadline = deadline or time.perf_counter() + timeout_s
-                    if deadline is not None and time.perf_counter() > deadline:
-                        break
-                seconds = time.perf_counter() - started
-            finally:
-                stop_feeding.set()
-                query.stop()  # the epoch in progress, if any, finishes and commits first
+        seconds = _feed_until_consumed(
+            query,
+            printer,
+            incoming,
+            batches,
+            interval_s=interval_s,
+            timeout_s=timeout_s,
+            started=started,
+        )
         history = query.progress
         return OnlineKMeansRun(
             centers=printer.centers,

@@ -44,8 +44,6 @@ from iterflow.graph.vectors import (
     cell_values,
     choose_method,
     edge_positions,
-    list_cell,
-    vector_of,
     vertex_ids,
 )
 
@@ -165,7 +163,8 @@ def local_joins(table: pa.Table, labels: np.ndarray, messages: Any) -> pa.Table:
     local = settle(np.arange(len(touched)), ends[:half], ends[half:])
     moved = local != np.arange(len(touched))
     return pa.table(
-        [list_cell(touched[moved]), list_cell(touched[local[moved]])], names=["label", "root"]
+        [itf.vector_cell(touched[moved]), itf.vector_cell(touched[local[moved]])],
+        names=["label", "root"],
     )
 
 
@@ -184,7 +183,7 @@ def join_all(labels: np.ndarray, active: Any) -> Any:
         changed = int(np.count_nonzero(new != labels))
         active.inc(changed)
         yield from pa.table(
-            [list_cell(new), pa.array([changed])], names=["label", "changed"]
+            [itf.vector_cell(new), pa.array([changed])], names=["label", "changed"]
         ).to_batches()
 
     return finish
@@ -197,7 +196,7 @@ def vector_components_body(ids: pa.Array, messages: Any, active: Any) -> itf.Ite
     def components_vector(
         labels: DataFrame, edges: DataFrame, ctx: itf.RoundContext
     ) -> itf.Declaration:
-        current = vector_of(labels, "label")  # held on the driver after round 0
+        current = itf.vector(labels, "label")  # held on the driver after round 0
         new_labels = ctx.columnar(edges, prepare).map(
             local_joins,
             JOINS_SCHEMA,
@@ -271,7 +270,7 @@ def _vector_components(
     spark = g.vertices.sparkSession
     ids = vertex_ids(g)
     start = pa.table(
-        [list_cell(np.arange(len(ids), dtype=np.int64)), pa.array([len(ids)])],
+        [itf.vector_cell(np.arange(len(ids), dtype=np.int64)), pa.array([len(ids)])],
         names=["label", "changed"],
     )
     body = vector_components_body(

@@ -33,8 +33,6 @@ from iterflow.graph.vectors import (
     cell_values,
     choose_method,
     edge_positions,
-    list_cell,
-    vector_of,
     vertex_ids,
 )
 
@@ -158,7 +156,7 @@ def edge_indices(ids: pa.Array) -> Callable[[pa.Table], pa.Table]:
 
 
 def _vector_row(values: np.ndarray, extra: float) -> pa.Table:
-    return pa.table([list_cell(values), pa.array([float(extra)])], names=["rank", "delta"])
+    return pa.table([itf.vector_cell(values), pa.array([float(extra)])], names=["rank", "delta"])
 
 
 def contributions(table: pa.Table, ranks: np.ndarray, messages: Any) -> pa.Table:
@@ -172,7 +170,7 @@ def contributions(table: pa.Table, ranks: np.ndarray, messages: Any) -> pa.Table
         minlength=len(ranks),
     )
     held = ranks[src[table["first"].to_numpy(zero_copy_only=False)]].sum()
-    return pa.table([list_cell(spread), pa.array([held])], names=["contribution", "held"])
+    return pa.table([itf.vector_cell(spread), pa.array([held])], names=["contribution", "held"])
 
 
 def next_ranks(alpha: float, ranks: np.ndarray, teleport: np.ndarray) -> Callable[[Any], pa.Table]:
@@ -213,7 +211,7 @@ def vector_body(
     def pagerank_vector(
         ranks: DataFrame, edges: DataFrame, ctx: itf.RoundContext
     ) -> itf.Declaration:
-        current = vector_of(ranks, "rank")  # held on the driver after round 0
+        current = itf.vector(ranks, "rank")  # held on the driver after round 0
         files = ctx.columnar(edges, prepare)
         new_ranks = files.map(
             contributions,

@@ -10,9 +10,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
 
-import iterflow as itf
 from iterflow.graph.model import Graph, GraphError
 
 #: Above this many vertices ``method="auto"`` keeps vertex state in DataFrame rows.
@@ -45,18 +43,6 @@ def edge_positions(table: pa.Table, ids: pa.Array) -> tuple[np.ndarray, np.ndarr
         src_at.to_numpy(zero_copy_only=False).astype(np.int64),
         dst_at.to_numpy(zero_copy_only=False).astype(np.int64),
     )
-
-
-def list_cell(values: Any) -> pa.ListArray:
-    """One list cell holding ``values`` (a whole vector in one row)."""
-    array = pa.array(values)
-    return pa.ListArray.from_arrays(pa.array(np.array([0, len(array)], dtype=np.int32)), array)
-
-
-def vector_of(df: DataFrame, column: str) -> np.ndarray:
-    """The vector in ``column`` of the one-row DataFrame ``df`` (a vertex-state variable);
-    held on the driver between rounds, it is read without a Spark job (``itf.to_arrow``)."""
-    return cell_values(itf.to_arrow(df).column(column))
 
 
 def cell_values(column: Any, row: int = 0) -> np.ndarray:

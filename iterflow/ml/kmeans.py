@@ -28,7 +28,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, IntegerType, NumericType, StructField, StructType
 
 import iterflow as itf
-from iterflow.ml.model import Fitted, MLError, cell, model_field, model_row
+from iterflow.ml.model import Fitted, MLError, model_field
+from iterflow.runtime.jvm import is_classic
 
 MODEL_SCHEMA = "centroids ARRAY<DOUBLE>, cost DOUBLE, shift DOUBLE"
 PARTIAL_SCHEMA = "sums ARRAY<DOUBLE>, counts ARRAY<LONG>, cost DOUBLE"
@@ -76,7 +77,11 @@ def partial_sums(table: pa.Table, centroids: np.ndarray) -> pa.Table:
     sums = member.T @ points
     counts = np.bincount(chosen, minlength=k)
     return pa.table(
-        [cell(sums.ravel()), cell(counts.astype(np.int64)), pa.array([float(distance.sum())])],
+        [
+            itf.vector_cell(sums.ravel()),
+            itf.vector_cell(counts.astype(np.int64)),
+            pa.array([float(distance.sum())]),
+        ],
         names=["sums", "counts", "cost"],
     )
 
@@ -105,7 +110,7 @@ def lloyd_step(centroids: np.ndarray, loss: Any) -> Callable[[Iterator[pa.Record
         shift = float(np.sqrt(((moved - centroids) ** 2).sum(axis=1)).max())
         loss.set(cost)
         yield from pa.table(
-            [cell(moved.ravel()), pa.array([cost]), pa.array([shift])],
+            [itf.vector_cell(moved.ravel()), pa.array([cost]), pa.array([shift])],
             names=["centroids", "cost", "shift"],
         ).to_batches()
 
@@ -156,7 +161,7 @@ def kmeans_body(k: int, dims: int, features: Sequence[str] | str, tol: float | N
 
 def model_centroids(model: DataFrame, dims: int) -> np.ndarray:
     """The centroids in a one-row model DataFrame, as a ``(k, dims)`` array."""
-    return np.array(model_row(model)["centroids"], dtype=np.float64).reshape(-1, dims)
+    return itf.vector(model, "centroids").astype(np.float64).reshape(-1, dims)
 
 
 @attrs.frozen
@@ -249,7 +254,7 @@ def kmeans(
         columns = [features] if isinstance(features, str) else list(features)
         wanted = k if init == "random" else max(k, SEEDING_SAMPLE)
         chosen = df.select(*columns)
-        if hasattr(chosen, "_jdf"):  # a classic DataFrame
+        if is_classic(chosen.sparkSession):
             drawn = chosen.rdd.takeSample(False, wanted, seed)
         else:  # Spark Connect has no RDDs: a seeded shuffle, then the first rows
             drawn = chosen.orderBy(F.rand(seed)).limit(wanted).collect()
@@ -264,7 +269,7 @@ def kmeans(
             raise MLError(f"kmeans(init=...) must have shape ({k}, {dims}), got {start.shape}")
     model = df.sparkSession.createDataFrame(
         pa.table(
-            [cell(start.ravel()), pa.array([float("nan")]), pa.array([float("inf")])],
+            [itf.vector_cell(start.ravel()), pa.array([float("nan")]), pa.array([float("inf")])],
             names=["centroids", "cost", "shift"],
         ),
         MODEL_SCHEMA,

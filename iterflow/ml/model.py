@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
 from pyspark.sql import DataFrame
 
 import iterflow as itf
@@ -13,12 +11,6 @@ import iterflow as itf
 
 class MLError(itf.IterflowError, ValueError):
     """Bad input to an ``iterflow.ml`` algorithm: a column, a shape, a parameter."""
-
-
-def cell(values: np.ndarray) -> pa.ListArray:
-    """One list cell holding ``values`` (a whole vector in one row)."""
-    array = pa.array(values)
-    return pa.ListArray.from_arrays(pa.array(np.array([0, len(array)], dtype=np.int32)), array)
 
 
 def model_row(model: DataFrame) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.ml.model import Fitted, MLError, cell, model_field, model_row
+from iterflow.ml.model import Fitted, MLError, model_field
 
 MODEL_SCHEMA = "coefficients ARRAY<DOUBLE>, loss DOUBLE, change DOUBLE"
 PARTIAL_SCHEMA = "gradient ARRAY<DOUBLE>, loss DOUBLE, weight DOUBLE"
@@ -105,7 +105,7 @@ def gradient_kernel(kind: str) -> Callable[..., pa.Table]:
             slope = v * (1.0 / (1.0 + np.exp(-z)) - y)
         gradient = np.append(x.T @ slope, slope.sum())
         return pa.table(
-            [cell(gradient), pa.array([loss]), pa.array([float(v.sum())])],
+            [itf.vector_cell(gradient), pa.array([loss]), pa.array([float(v.sum())])],
             names=["gradient", "loss", "weight"],
         )
 
@@ -134,7 +134,7 @@ def descent_step(
             change = float(np.linalg.norm(step))
         loss_gauge.set(loss)
         yield from pa.table(
-            [cell(coefficients - step), pa.array([loss]), pa.array([change])],
+            [itf.vector_cell(coefficients - step), pa.array([loss]), pa.array([change])],
             names=["coefficients", "loss", "change"],
         ).to_batches()
 
@@ -143,7 +143,7 @@ def descent_step(
 
 def coefficients_of(model: DataFrame) -> np.ndarray:
     """The coefficients (intercept last) in a one-row model DataFrame."""
-    return np.array(model_row(model)["coefficients"], dtype=np.float64)
+    return itf.vector(model, "coefficients").astype(np.float64)
 
 
 def _positive(instance: object, field: attrs.Attribute[float], value: float) -> None:
@@ -252,7 +252,11 @@ def _fit(df: DataFrame, options: FitOptions) -> RegressionModel:
         raise MLError(f"no column(s) {missing}; the columns are {df.columns}")
     start = df.sparkSession.createDataFrame(
         pa.table(
-            [cell(np.zeros(len(names) + 1)), pa.array([float("nan")]), pa.array([float("inf")])],
+            [
+                itf.vector_cell(np.zeros(len(names) + 1)),
+                pa.array([float("nan")]),
+                pa.array([float("inf")]),
+            ],
             names=["coefficients", "loss", "change"],
         ),
         MODEL_SCHEMA,

@@ -1,4 +1,5 @@
-"""Progress of an iteration: round records and listener dispatch. Never imports Spark."""
+"""Progress of an iteration: listener dispatch, the progress bar, the event log, the
+estimate of what remains, reports and plots. Never imports Spark."""
 
 from iterflow.progress.listeners import (
     Emitter,
@@ -7,6 +8,6 @@ from iterflow.progress.listeners import (
     RoundEnd,
     RoundListener,
 )
-from iterflow.progress.round import RoundProgress
+from iterflow.records import RoundProgress
 
 __all__ = ["Emitter", "IterationEnd", "ListenerSet", "RoundEnd", "RoundListener", "RoundProgress"]

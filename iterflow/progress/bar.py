@@ -13,7 +13,7 @@ from typing import IO
 
 from tqdm import tqdm
 
-from iterflow.progress.round import RoundProgress
+from iterflow.records import RoundProgress
 
 _WITH_TOTAL = "{desc} round {n_fmt}/{total_fmt} |{bar}| [{elapsed}{postfix}]"
 _OPEN = "{desc} round {n_fmt} [{elapsed}{postfix}]"

@@ -26,8 +26,7 @@ from typing import Any
 
 from iterflow.errors import IterflowError, IterflowValueError
 from iterflow.metrics.values import MetricResult, results_to_json, value_to_json
-from iterflow.progress.round import RoundProgress
-from iterflow.termination import Termination
+from iterflow.records import RoundProgress, Termination
 
 
 def progress_to_dict(p: RoundProgress) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 
 from iterflow.errors import IterflowTypeError, IterflowValueError
-from iterflow.progress.round import RoundProgress
+from iterflow.records import RoundProgress, Termination
 
 
 class RoundListener:
@@ -65,7 +65,7 @@ class RoundEnd:
 class IterationEnd:
     """What a listener sees once the iteration has terminated."""
 
-    termination: Any  # iterflow.termination.Termination
+    termination: Termination
     rounds: int
     outputs: Mapping[str, Any]
     history: tuple[RoundProgress, ...]

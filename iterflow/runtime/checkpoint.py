@@ -24,16 +24,16 @@ import re
 import threading
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 from pyspark import InheritableThread
 from pyspark.cloudpickle import dumps, loads
 from pyspark.sql import DataFrame, SparkSession
 
-from iterflow.errors import IterflowError, IterflowValueError, IterflowWarning
+from iterflow.errors import IterflowError, IterflowValueError, IterflowWarning, warn
 from iterflow.runtime.files import files_for
-from iterflow.runtime.session import spark_context
+from iterflow.runtime.jvm import is_classic, spark_context
 
 FORMAT = 1
 MARKER = "_COMMITTED"
@@ -100,45 +100,7 @@ class DriverState:
     history: list[Any]  # RoundProgress
     metrics: dict[str, Any]  # RunMetrics.export()
     termination: Any  # Termination of the final epoch, else None
-    stream: Any = None  # an unbounded iteration's position (unbounded/log.py)
-
-
-class LoopState(Protocol):
-    """What a loop (bounded or unbounded) holds on the driver between rounds."""
-
-    check: Any  # DeclarationCheck: the variable names
-    state: dict[str, Any]
-    listeners: Any  # ListenerSet
-    emitter: Any  # Emitter
-    history: list[Any]
-    observers: Any  # RunObservers: the committed metrics
-
-
-def driver_state_of(loop: LoopState, *, termination: Any = None, stream: Any = None) -> DriverState:
-    """The driver state of ``loop`` at a round boundary (pickled by ``snapshot``)."""
-    return DriverState(
-        variable_names=loop.check.variable_names or (),
-        state=loop.state,
-        listeners=loop.listeners.state(),
-        emitted=loop.emitter.values,
-        history=loop.history,
-        metrics=loop.observers.metrics.export(),
-        termination=termination,
-        stream=stream,
-    )
-
-
-def load_driver_state(loop: LoopState, driver: DriverState) -> None:
-    """Put ``driver`` back into ``loop`` (the inverse of ``driver_state_of``), in place:
-    listener state goes into the listener objects registered now. Metrics are left to
-    the caller, which knows whether the rounds since count as committed."""
-    loop.check.variable_names = tuple(driver.variable_names)
-    loop.state.clear()
-    loop.state.update(driver.state)
-    loop.listeners.load_state(driver.listeners)
-    loop.emitter.values.clear()
-    loop.emitter.values.update({k: list(v) for k, v in driver.emitted.items()})
-    loop.history[:] = driver.history
+    stream: Any = None  # an unbounded iteration's position (unbounded/epochs.py)
 
 
 @attrs.frozen(kw_only=True)
@@ -229,11 +191,9 @@ class CheckpointStore:
                     "the iteration cannot resume exactly once. Restore the directory from a "
                     "copy, or delete the whole location to start over"
                 )
-            warnings.warn(
+            warn(
                 f"checkpoint epoch {epoch} in '{self.root}' is not usable ({problem}); "
-                "trying an older one",
-                IterflowWarning,
-                stacklevel=5,  # the user's run() call
+                "trying an older one"
             )
         return None
 
@@ -374,7 +334,7 @@ class CheckpointWriter:
         self._thread = InheritableThread(
             self._run,
             args=(epoch, write),
-            session=None if spark_context(self._spark) else self._spark,
+            session=None if is_classic(self._spark) else self._spark,
             name=f"iterflow-checkpoint-{epoch}",
         )
         self._thread.start()

@@ -28,7 +28,6 @@ import contextlib
 import os
 import shutil
 import tempfile
-import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
@@ -38,11 +37,10 @@ import attrs
 import pyarrow as pa
 import pyarrow.fs as pafs
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 from pyspark.sql.types import IntegerType, StructType
 
 from iterflow.errors import IterflowError, IterflowTypeError
-from iterflow.runtime.session import spark_context
+from iterflow.runtime.jvm import semantic_hash, spark_context
 
 DIRECTORY_CONF = "spark.iterflow.columnar.dir"
 
@@ -54,8 +52,6 @@ Combine = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 FILE_COLUMN = "__iterflow_file"
 #: Where ``map(..., combine=...)`` notes how its result can be computed on the driver.
 _COMBINED_ATTRIBUTE = "_iterflow_combined"
-#: Where a local DataFrame made from rows on the driver keeps them (a resident result).
-_HELD_ATTRIBUTE = "_iterflow_held"
 
 #: Tables a Python worker has opened, by path, most recent last (worker side).
 _OPENED: OrderedDict[str, pa.Table] = OrderedDict()
@@ -223,95 +219,6 @@ class _Combined:
     in_order: Combine
 
 
-def hold_on_driver(df: DataFrame, table: pa.Table) -> DataFrame:
-    """Note that ``df`` is a local DataFrame over ``table``: reading it back needs no job."""
-    with contextlib.suppress(AttributeError, TypeError):  # a DataFrame that takes no attributes
-        setattr(df, _HELD_ATTRIBUTE, table)
-    return df
-
-
-def held_frame(spark: SparkSession, table: pa.Table, schema: StructType) -> DataFrame:
-    """A DataFrame over the rows of ``table`` (with ``schema``), held on the driver.
-
-    On a classic session its JVM side is made only when Spark needs it: a variable
-    that the next round reads with ``to_arrow`` and a round's bookkeeping (schema
-    checks, the driver's own release) then cost no JVM call, which is most of what a
-    resident round would otherwise cost. Over Spark Connect it is an ordinary local
-    DataFrame.
-    """
-    if spark_context(spark) is None:
-        # One chunk: PySpark 4.0.0's Connect client keeps only the first chunk of a table.
-        return hold_on_driver(spark.createDataFrame(table.combine_chunks(), schema=schema), table)
-    return _HeldFrame(spark, table, schema)
-
-
-#: Held frames make their JVM Dataset under this lock, so each makes exactly one.
-_MAKING = threading.RLock()
-
-
-class _HeldFrame(ClassicDataFrame):
-    """A classic DataFrame whose JVM Dataset is a local relation made on first use."""
-
-    def __new__(cls, *args: Any) -> Any:
-        # PySpark's DataFrame.__new__ takes (jdf, session) and, in some versions
-        # (4.0.0), builds a classic DataFrame from them: make this class's object.
-        return object.__new__(cls)
-
-    def __init__(self, spark: SparkSession, table: pa.Table, schema: StructType) -> None:
-        # What the classic DataFrame's constructor sets, less the JVM Dataset.
-        self._session = spark
-        self._sc = spark.sparkContext
-        self.is_cached = False
-        self._support_repr_html = False
-        self.__dict__["schema"] = schema  # the cached_property, filled in
-        self.__dict__[_HELD_ATTRIBUTE] = table
-
-    @property
-    def _jdf(self) -> Any:
-        # Once: a column taken from one Dataset does not resolve in another, and a
-        # checkpoint writer thread may ask for it while the next body does.
-        with _MAKING:
-            made = self.__dict__.get("_made_jdf")
-            if made is None:
-                table = self.__dict__[_HELD_ATTRIBUTE].combine_chunks()
-                try:
-                    made = self._session.createDataFrame(table, schema=self.schema)._jdf
-                except AttributeError as error:  # not to pass for a missing attribute
-                    raise RuntimeError(f"cannot make the held rows a Dataset: {error}") from error
-                self.__dict__["_made_jdf"] = made
-        return made
-
-
-def held_on_driver(df: DataFrame) -> pa.Table | None:
-    """The rows of ``df`` when it is a local DataFrame made by ``hold_on_driver`` (the
-    result of a resident kernel), else None."""
-    table: pa.Table | None = getattr(df, "__dict__", {}).get(_HELD_ATTRIBUTE)
-    return table
-
-
-def to_arrow(df: DataFrame) -> pa.Table:
-    """The rows of ``df`` as a ``pyarrow.Table``: read from the driver, with no Spark job
-    and no JVM call, when iterflow holds them there (a variable of at most
-    ``spark.iterflow.driverRows`` rows between rounds, a resident kernel's result);
-    from a ``collect()`` for other rows held in the plan (no Spark job either);
-    otherwise ``df.toArrow()``.
-
-    Example, in a body or a listener::
-
-        weights = itf.to_arrow(model).column("w")[0].values.to_numpy()
-    """
-    held = held_on_driver(df)
-    if held is not None:
-        return held
-    if df.isLocal():  # rows in the plan: collect() runs no Spark job, toArrow() would
-        from pyspark.sql.pandas.types import to_arrow_schema
-
-        rows = [row.asDict(recursive=True) for row in df.collect()]
-        with contextlib.suppress(pa.ArrowException, TypeError, ValueError):
-            return pa.Table.from_pylist(rows, schema=to_arrow_schema(df.schema))
-    return df.toArrow()
-
-
 def combined_on_driver(df: DataFrame) -> pa.Table | None:
     """The rows of ``df``, a ``map(..., combine=...)`` result, computed by collecting the
     kernels' outputs (one Spark job, no shuffle) and combining them here; None for any
@@ -326,19 +233,15 @@ def combined_on_driver(df: DataFrame) -> pa.Table | None:
 
 def _task_slots(spark: SparkSession) -> int:
     """Tasks that run at once: the default parallelism (over Spark Connect, unbounded)."""
-    try:
-        return max(int(spark.sparkContext.defaultParallelism), 1)
-    except Exception:  # Spark Connect has no SparkContext
-        return 1 << 30
+    context = spark_context(spark)
+    return 1 << 30 if context is None else max(int(context.defaultParallelism), 1)
 
 
 def plan_key(df: DataFrame) -> int:
     """Equal for DataFrames with the same (canonicalized) plan, built separately or not;
     where the plan cannot be reached (a Spark Connect DataFrame), the object's identity."""
-    try:
-        return int(df._jdf.queryExecution().analyzed().semanticHash())
-    except AttributeError:
-        return id(df)
+    key = semantic_hash(df)
+    return id(df) if key is None else key
 
 
 class ColumnarData:

@@ -16,8 +16,7 @@ from typing import Protocol
 from pyspark.sql import SparkSession
 
 from iterflow.errors import IterflowValueError
-from iterflow.runtime.jvm import HadoopFiles
-from iterflow.runtime.session import spark_context
+from iterflow.runtime.jvm import HadoopFiles, is_classic
 
 
 class Files(Protocol):
@@ -89,7 +88,7 @@ class LocalFiles:
 
 def files_for(spark: SparkSession, root: str) -> tuple[Files, str]:
     """The ``Files`` for ``root`` and its qualified URI (``file:/...``, ``hdfs://...``)."""
-    if spark_context(spark) is None:
+    if not is_classic(spark):
         return _connect_files(root)
     hadoop = HadoopFiles(spark)
     try:

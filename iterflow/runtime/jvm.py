@@ -7,9 +7,15 @@ has no JVM handle (Spark Connect), touches one file.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
+from pyspark import SparkContext
 from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
+from pyspark.sql.types import StructType
+
+from iterflow.errors import IterflowValueError
 
 log = logging.getLogger(__name__)
 
@@ -143,11 +149,6 @@ def deliver_observations(df: DataFrame) -> None:
             target._result.update(values)
 
 
-def persistent_rdd_ids(spark: SparkSession) -> list[int]:
-    """Ids of the RDDs the session's SparkContext holds persisted (cached or checkpointed)."""
-    return sorted(int(i) for i in spark.sparkContext._jsc.getPersistentRDDs().keySet().toArray())
-
-
 class HadoopFiles:
     """Small files and directories on any Hadoop file system (local, HDFS, S3A, ...).
 
@@ -237,3 +238,95 @@ def in_session(df: DataFrame, spark: SparkSession) -> DataFrame:
     except Exception as exc:  # another Spark build: rows of inputs may then be unknown
         log.warning("iterflow: a micro-batch cannot join the iteration's session (%s)", exc)
         return df
+
+
+def is_classic(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a classic session, with a JVM in this process; False for a
+    Spark Connect session (which has no SparkContext). The one place iterflow asks."""
+    return spark_context(spark) is not None
+
+
+def spark_context(spark: SparkSession) -> SparkContext | None:
+    """The SparkContext of a classic session; None under Spark Connect, which has none."""
+    try:
+        return spark.sparkContext
+    except Exception:
+        return None
+
+
+#: Lazy local frames make their JVM Dataset under this lock, so each makes exactly one.
+_MAKING = threading.RLock()
+
+
+class _LazyLocalFrame(ClassicDataFrame):
+    """A classic DataFrame over rows held in Python, whose JVM Dataset (a local relation)
+    is made on first use."""
+
+    def __new__(cls, *args: Any) -> Any:
+        # PySpark's DataFrame.__new__ takes (jdf, session) and, in some versions
+        # (4.0.0), builds a classic DataFrame from them: make this class's object.
+        return object.__new__(cls)
+
+    def __init__(self, spark: SparkSession, table: Any, schema: StructType, attribute: str) -> None:
+        # What the classic DataFrame's constructor sets, less the JVM Dataset.
+        self._session = spark
+        self._sc = spark.sparkContext
+        self.is_cached = False
+        self._support_repr_html = False
+        self.__dict__["schema"] = schema  # the cached_property, filled in
+        self.__dict__[attribute] = table
+        self.__dict__["_rows_attribute"] = attribute
+
+    @property
+    def _jdf(self) -> Any:
+        # Once: a column taken from one Dataset does not resolve in another, and a
+        # checkpoint writer thread may ask for it while the next body does.
+        with _MAKING:
+            made = self.__dict__.get("_made_jdf")
+            if made is None:
+                table = self.__dict__[self.__dict__["_rows_attribute"]].combine_chunks()
+                try:
+                    made = self._session.createDataFrame(table, schema=self.schema)._jdf
+                except AttributeError as error:  # not to pass for a missing attribute
+                    raise RuntimeError(f"cannot make the held rows a Dataset: {error}") from error
+                self.__dict__["_made_jdf"] = made
+        return made
+
+
+def lazy_local_frame(
+    spark: SparkSession, table: Any, schema: StructType, attribute: str
+) -> DataFrame:
+    """A classic DataFrame over the pyarrow ``table`` (kept in its attribute ``attribute``)
+    whose JVM side is made only when Spark needs it."""
+    return _LazyLocalFrame(spark, table, schema, attribute)
+
+
+def semantic_hash(df: DataFrame) -> int | None:
+    """A hash equal for DataFrames with the same canonicalized plan; None where the plan
+    cannot be reached (a Spark Connect DataFrame)."""
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:
+        return None
+    return int(jdf.queryExecution().analyzed().semanticHash())
+
+
+def task_slots(context: SparkContext) -> int:
+    """Tasks the cluster runs at once now, as Spark counts them for barrier stages
+    (executor cores over ``spark.task.cpus``; ``local[N]``: N)."""
+    scala = context._jsc.sc()
+    try:
+        profile = scala.resourceProfileManager().defaultResourceProfile()
+        return max(int(scala.maxNumConcurrentTasks(profile)), 1)
+    except Exception:  # an internal method that moved: the cores Spark defaults to
+        return max(int(context.defaultParallelism), 1)
+
+
+def byte_setting(context: SparkContext, name: str, value: str) -> int:
+    """``value`` of the size setting ``name`` in bytes, parsed as Spark parses sizes."""
+    try:
+        utils = context._jvm.org.apache.spark.network.util.JavaUtils  # type: ignore[union-attr]
+        return int(utils.byteStringAsBytes(value))
+    except Exception as error:
+        raise IterflowValueError(
+            f"{name}={value!r} is not a size; use bytes or a unit, e.g. '512m' or '4g'"
+        ) from error

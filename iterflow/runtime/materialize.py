@@ -19,14 +19,15 @@ from typing import Any
 
 import attrs
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
 
 from iterflow.errors import IterflowValueError
-from iterflow.runtime.columnar import combined_on_driver, held_frame, held_on_driver
+from iterflow.runtime.columnar import combined_on_driver
+from iterflow.runtime.driver_variables import held_frame, held_on_driver
 from iterflow.runtime.jvm import (
     deliver_observations,
+    is_classic,
     observation_ready,
     release_local_checkpoint,
     set_checkpoint_statistics,
@@ -115,7 +116,9 @@ def materialize(
     # persist or checkpoint, and nothing of the JVM to ask (it would make their Dataset).
     held = {id(df): table for df in distinct if (table := held_on_driver(df)) is not None}
     in_spark = [df for df in distinct if id(df) not in held]
-    connect = {id(df) for df in in_spark if id(df) not in on_driver and not hasattr(df, "_jdf")}
+    connect = {
+        id(df) for df in in_spark if id(df) not in on_driver and not is_classic(df.sparkSession)
+    }
     owned = [df for df in in_spark if (shared or id(df) in connect) and persist_owned(df)]
     try:
         frames: dict[int, DataFrame] = {id(df): df for df in distinct if id(df) in held}
@@ -144,13 +147,6 @@ def materialize(
         for df in owned:
             df.unpersist(blocking=False)
     return Materialized(frames=frames, rows=rows, criteria_empty=empty, values=read, tables=tables)
-
-
-def local_frame(spark: SparkSession, table: Any, schema: StructType) -> DataFrame:
-    """A DataFrame over the rows of a pyarrow ``table``, held in the plan (no Spark job)."""
-    # One chunk: PySpark 4.0.0's Connect client keeps only the first chunk of a table
-    # (a table collected from two partitions came back with half its rows).
-    return spark.createDataFrame(table.combine_chunks(), schema=schema)
 
 
 def _one_cell(df: DataFrame, epoch: int) -> Any:

@@ -74,11 +74,11 @@ from iterflow.runtime.columnar import (
     _conform,
     _declared_arrow_schema,
     declared_struct,
-    held_frame,
     in_file_order,
 )
 from iterflow.runtime.dataplane import Channel, DataPlane, connect
-from iterflow.runtime.session import spark_context
+from iterflow.runtime.driver_variables import held_frame
+from iterflow.runtime.jvm import byte_setting, is_classic, task_slots
 
 RESIDENT_CONF = "spark.iterflow.resident"
 MAX_BYTES_CONF = "spark.iterflow.resident.maxBytes"
@@ -245,31 +245,10 @@ def _loop(
 # -- the driver side ------------------------------------------------------------
 
 
-def _task_slots(context: SparkContext) -> int:
-    """Tasks the cluster runs at once now, as Spark counts them for barrier stages
-    (executor cores over ``spark.task.cpus``; ``local[N]``: N)."""
-    scala = context._jsc.sc()
-    try:
-        profile = scala.resourceProfileManager().defaultResourceProfile()
-        return max(int(scala.maxNumConcurrentTasks(profile)), 1)
-    except Exception:  # an internal method that moved: the cores Spark defaults to
-        return max(int(context.defaultParallelism), 1)
-
-
 def _busy_slots(context: SparkContext) -> int:
     tracker = context.statusTracker()
     stages = (tracker.getStageInfo(s) for s in tracker.getActiveStageIds())
     return sum(stage.numActiveTasks for stage in stages if stage is not None)
-
-
-def _byte_setting(context: SparkContext, name: str, value: str) -> int:
-    try:
-        utils = context._jvm.org.apache.spark.network.util.JavaUtils  # type: ignore[union-attr]
-        return int(utils.byteStringAsBytes(value))
-    except Exception as error:
-        raise IterflowValueError(
-            f"{name}={value!r} is not a size; use bytes or a unit, e.g. '512m' or '4g'"
-        ) from error
 
 
 def current_round(context: SparkContext) -> tuple[str, int]:
@@ -593,7 +572,7 @@ class ResidentPolicy:
         self.reason = unavailable
         if setting == "off":
             self.reason = f"{RESIDENT_CONF} is 'off'"
-        elif spark_context(spark) is None:
+        elif not is_classic(spark):
             self.reason = "the session is Spark Connect: executors cannot reach its client"
         if setting == "on" and self.reason is not None:
             self._refuse(self.reason)
@@ -642,7 +621,7 @@ class ResidentPolicy:
 
     def _resident(self, df: DataFrame, prepare: Prepare | None) -> ResidentData:
         context = self.spark.sparkContext
-        slots = _task_slots(context)
+        slots = task_slots(context)
         held = sum(data.tasks for data in self.loaded)
         tasks = slots // 2 - held
         if tasks < 1:
@@ -655,7 +634,7 @@ class ResidentPolicy:
             raise ResidentUnavailable(
                 f"fewer free task slots ({slots - busy} of {slots}) than resident tasks ({tasks})"
             )
-        limit = _byte_setting(
+        limit = byte_setting(
             context, MAX_BYTES_CONF, self.spark.conf.get(MAX_BYTES_CONF, None) or "4g"
         )
         return ResidentData(self._data_plane(context), df, prepare, tasks, limit)

@@ -7,7 +7,6 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from pyspark import SparkContext
 from pyspark.sql import DataFrame, SparkSession
 
 from iterflow.errors import IterflowValueError
@@ -69,11 +68,3 @@ def session_of(frames: Mapping[str, DataFrame], spark: SparkSession | None) -> S
             )
         return owner
     return spark if spark is not None else session()
-
-
-def spark_context(spark: SparkSession) -> SparkContext | None:
-    """The SparkContext of a classic session; None under Spark Connect, which has none."""
-    try:
-        return spark.sparkContext
-    except Exception:
-        return None

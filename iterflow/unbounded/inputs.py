@@ -99,8 +99,5 @@ class Chunks:
         low = index * self.max_rows
         return self._numbered.where(self._global.between(low, low + self.max_rows - 1)).drop(_ROW)
 
-    def rows_of(self, index: int) -> int:
-        return min(self.max_rows, self.rows - index * self.max_rows)
-
     def release(self) -> None:
         self._numbered.unpersist(blocking=False)

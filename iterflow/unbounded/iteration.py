@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from iterflow.body import IterationBody
+from iterflow.builder import Binding, IterationBuilder, at_least_one, check_progress_option
 from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
-from iterflow.runtime.builder import (
-    Binding,
-    IterationBuilder,
-    at_least_one,
-    check_progress_option,
-)
-from iterflow.runtime.checkpoint import Checkpointing, CheckpointOptions, fingerprint
+from iterflow.runtime.checkpoint import CheckpointOptions
+from iterflow.runtime.driver_variables import driver_rows
 from iterflow.runtime.files import files_for
-from iterflow.runtime.observers import ObserverOptions, RunObservers
-from iterflow.runtime.rounds import driver_rows
+from iterflow.runtime.jvm import is_classic
 from iterflow.runtime.schema import describe_inputs
-from iterflow.runtime.session import spark_context
 from iterflow.unbounded.epochs import EpochLoop, EpochOptions
 from iterflow.unbounded.inputs import combined
 from iterflow.unbounded.query import UnboundedQuery
@@ -113,17 +108,7 @@ class UnboundedIteration(IterationBuilder):
         epochs drain feedback before Spark may start the next micro-batch.
         """
         check_progress_option(progress)
-        if checkpoint_location is None:
-            raise IterflowValueError(
-                "start(checkpoint_location=...) is required: it holds the stream's offsets "
-                "and the epoch log that make restarts exactly once. Pass a directory "
-                "(local, hdfs://, s3a://...) that this query alone uses"
-            )
-        if available_now and processing_time is not None:
-            raise IterflowValueError(
-                f"start(available_now=True, processing_time='{processing_time}'): choose one "
-                "trigger"
-            )
+        _check_start(checkpoint_location, available_now, processing_time)
         active, inputs = self._bound_inputs(spark)
         options = EpochOptions(
             max_rows_per_epoch=None
@@ -133,27 +118,16 @@ class UnboundedIteration(IterationBuilder):
             max_epochs_per_batch=at_least_one("max_epochs_per_batch", max_epochs_per_batch),
             driver_rows=driver_rows(active),
         )
-        if spark_context(active) is None:
-            raise IterflowError(
-                "UnboundedIteration needs a classic SparkSession; under Spark Connect, "
-                "foreachBatch runs in a server-side process that cannot hold the epoch loop. "
-                "Run it where the driver is local (spark-submit, a notebook on the cluster)"
-            )
-        streams = tuple(name for name, df in inputs.items() if df.isStreaming)
-        if not streams:
-            raise IterflowValueError(
-                f"body '{self._body.name}': no input is a streaming DataFrame; bind at least "
-                "one spark.readStream... input, or run a BoundedIteration over batch inputs"
-            )
+        streams = self._streams(active, inputs)
         state_names = frozenset(name for name, b in self._bindings.items() if b.state)
-        location = os.fspath(checkpoint_location).rstrip("/")
-        description = {
-            name: {**described, "state": name in state_names, "streaming": name in streams}
-            for name, described in describe_inputs(inputs, ()).items()
-        }
-        checkpointing = Checkpointing(
+        location = os.fspath(checkpoint_location).rstrip("/")  # type: ignore[arg-type]
+        checkpointing, observers = self._assemble(
             active,
-            CheckpointOptions(
+            described_inputs={
+                name: {**described, "state": name in state_names, "streaming": name in streams}
+                for name, described in describe_inputs(inputs, ()).items()
+            },
+            checkpoints=CheckpointOptions(
                 directory=f"{location}/{EPOCHS_DIR}",
                 every=1,
                 asynchronous=False,
@@ -162,16 +136,10 @@ class UnboundedIteration(IterationBuilder):
                 option="checkpoint_location",
                 fresh_start="use another checkpoint_location, or delete this one to start over",
             ),
-            fingerprint(self._body.name, description),
+            progress=progress,
+            event_log=event_log,
         )
-        observers = RunObservers(
-            iteration=self._body.name,
-            spark=active,
-            options=ObserverOptions(
-                progress=progress, event_log=event_log, sinks=tuple(self._sinks)
-            ),
-            static_conditions=(),
-        )
+        assert checkpointing is not None  # checkpoints were given
         loop = EpochLoop(
             body=self._body,
             spark=active,
@@ -184,34 +152,100 @@ class UnboundedIteration(IterationBuilder):
             checkpointing=checkpointing,
             options=options,
         )
-        try:
-            resumed_from = loop.restore()
-            stream_files, stream_root = files_for(active, f"{location}/{STREAM_DIR}")
-            stream_started = bool(stream_files.children(f"{stream_root}/offsets"))
-            if loop.batch_id >= 0 and not stream_started:
-                raise IterflowValueError(
-                    f"checkpoint_location '{location}': the epoch log has consumed micro-batch "
-                    f"{loop.batch_id}, but the stream's own checkpoint ('{STREAM_DIR}/') is "
-                    "gone, so Spark would number micro-batches from 0 again and iterflow would "
-                    "skip them. Delete the whole location to start over"
-                )
-            if stream_started or resumed_from is not None:
-                loop.discard_uncommitted_outputs()
-            observers.started(inputs, set(), (), resumed_from)
-            writer = (
-                combined({name: inputs[name] for name in streams})
-                .writeStream.foreachBatch(loop.on_batch)
-                .option("checkpointLocation", f"{location}/{STREAM_DIR}")
-            )
-            if available_now:
-                writer = writer.trigger(availableNow=True)
-            elif processing_time is not None:
-                writer = writer.trigger(processingTime=processing_time)
-            stream = writer.start()
-        except BaseException as exc:
-            loop.failed(exc)
-            loop.close()
-            raise
-        return UnboundedQuery(
-            loop, stream, available_now=bool(available_now), resumed_from=resumed_from
+        return _started(
+            loop,
+            inputs,
+            location,
+            partial(_triggered, available_now=available_now, processing_time=processing_time),
+            available_now=available_now,
         )
+
+    def _streams(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> tuple[str, ...]:
+        """The streaming inputs' names; there must be one, on a classic session."""
+        if not is_classic(spark):
+            raise IterflowError(
+                "UnboundedIteration needs a classic SparkSession; under Spark Connect, "
+                "foreachBatch runs in a server-side process that cannot hold the epoch loop. "
+                "Run it where the driver is local (spark-submit, a notebook on the cluster)"
+            )
+        streams = tuple(name for name, df in inputs.items() if df.isStreaming)
+        if not streams:
+            raise IterflowValueError(
+                f"body '{self._body.name}': no input is a streaming DataFrame; bind at least "
+                "one spark.readStream... input, or run a BoundedIteration over batch inputs"
+            )
+        return streams
+
+
+def _started(
+    loop: EpochLoop,
+    inputs: Mapping[str, DataFrame],
+    location: str,
+    triggered: Callable[[Any], Any],
+    *,
+    available_now: bool,
+) -> UnboundedQuery:
+    """Restore ``loop`` from its epoch log and start its stream: the running query."""
+    try:
+        resumed_from = loop.restore()
+        _check_stream_checkpoint(loop, loop.spark, location, resumed_from)
+        loop.loop.observers.started(inputs, set(), (), resumed_from)
+        writer = (
+            combined({name: inputs[name] for name in loop.streams})
+            .writeStream.foreachBatch(loop.on_batch)
+            .option("checkpointLocation", f"{location}/{STREAM_DIR}")
+        )
+        stream = triggered(writer).start()
+    except BaseException as exc:
+        loop.failed(exc)
+        loop.close()
+        raise
+    return UnboundedQuery(
+        loop, stream, available_now=bool(available_now), resumed_from=resumed_from
+    )
+
+
+def _triggered(writer: Any, *, available_now: bool, processing_time: str | None) -> Any:
+    if available_now:
+        return writer.trigger(availableNow=True)
+    if processing_time is not None:
+        return writer.trigger(processingTime=processing_time)
+    return writer
+
+
+def _check_start(
+    checkpoint_location: str | os.PathLike[str] | None,
+    available_now: bool,
+    processing_time: str | None,
+) -> None:
+    if checkpoint_location is None:
+        raise IterflowValueError(
+            "start(checkpoint_location=...) is required: it holds the stream's offsets "
+            "and the epoch log that make restarts exactly once. Pass a directory "
+            "(local, hdfs://, s3a://...) that this query alone uses"
+        )
+    if available_now and processing_time is not None:
+        raise IterflowValueError(
+            f"start(available_now=True, processing_time='{processing_time}'): choose one trigger"
+        )
+
+
+def _check_stream_checkpoint(
+    loop: EpochLoop, spark: SparkSession, location: str, resumed_from: int | None
+) -> None:
+    """The epoch log and Spark's own streaming checkpoint must agree; sinks drop what a
+    crashed attempt wrote after the last commit."""
+    stream_files, stream_root = files_for(spark, f"{location}/{STREAM_DIR}")
+    stream_started = bool(stream_files.children(f"{stream_root}/offsets"))
+    if loop.batch_id >= 0 and not stream_started:
+        raise IterflowValueError(
+            f"checkpoint_location '{location}': the epoch log has consumed micro-batch "
+            f"{loop.batch_id}, but the stream's own checkpoint ('{STREAM_DIR}/') is "
+            "gone, so Spark would number micro-batches from 0 again and iterflow would "
+            "skip them. Delete the whole location to start over"
+        )
+    if stream_started or resumed_from is not None:
+        # A crashed attempt wrote these epochs after the last commit; this start may run
+        # them on other rows (or not at all).
+        for sink in loop.sinks.values():
+            sink.discard_after(spark, loop.epoch)

@@ -8,8 +8,7 @@ from typing import Any
 
 from pyspark.sql.streaming import StreamingQuery
 
-from iterflow.progress.round import RoundProgress
-from iterflow.termination import Termination
+from iterflow.records import RoundProgress, Termination
 from iterflow.unbounded.epochs import EpochLoop
 
 #: How often the watcher looks at the streaming query (seconds).
@@ -44,9 +43,16 @@ class UnboundedQuery:
     # -- public ----------------------------------------------------------------------
 
     @property
+    def history(self) -> list[RoundProgress]:
+        """Per-epoch progress, oldest first (the most recent 1,000 epochs), like
+        ``IterationResult.history``."""
+        return list(self._loop.loop.history)
+
+    @property
     def progress(self) -> list[RoundProgress]:
-        """Per-epoch progress, oldest first (the most recent 1,000 epochs)."""
-        return list(self._loop.history)
+        """The same list as ``history``; unrelated to ``start(progress=...)``, which shows
+        a progress bar."""
+        return self.history
 
     @property
     def termination(self) -> Termination | None:

@@ -1,8 +1,10 @@
-"""What both iteration kinds share before they run: the body, bindings, listeners, sinks."""
+"""What both iteration kinds share before they run: the body, bindings, listeners, metric
+sinks, and the assembly of a run's checkpointing and observers."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -13,7 +15,10 @@ from iterflow.errors import IterflowTypeError, IterflowValueError
 from iterflow.metrics.pusher import validate_interval
 from iterflow.metrics.sinks import MetricsSink
 from iterflow.progress.listeners import ListenerSet
+from iterflow.runtime.checkpoint import Checkpointing, CheckpointOptions, fingerprint
+from iterflow.runtime.run_observers import ObserverOptions, RunObservers
 from iterflow.runtime.session import session_of
+from iterflow.termination import Condition
 
 
 @attrs.frozen
@@ -105,6 +110,34 @@ class IterationBuilder:
             for name, b in self._bindings.items()
         }
         return active, {name: inputs[name] for name in self._input_names}
+
+    def _assemble(
+        self,
+        spark: SparkSession,
+        *,
+        described_inputs: Mapping[str, Mapping[str, Any]],
+        checkpoints: CheckpointOptions | None,
+        progress: bool | None,
+        event_log: str | os.PathLike[str] | None,
+        static_conditions: Sequence[Condition] = (),
+    ) -> tuple[Checkpointing | None, RunObservers]:
+        """A run's checkpointing (None without ``checkpoints``), for the body and the
+        ``described_inputs`` (their fingerprint), and its observers (progress bar, event
+        log, metric sinks): what a bounded and an unbounded run both need to start."""
+        checkpointing = None
+        if checkpoints is not None:
+            checkpointing = Checkpointing(
+                spark, checkpoints, fingerprint(self._body.name, described_inputs)
+            )
+        observers = RunObservers(
+            iteration=self._body.name,
+            spark=spark,
+            options=ObserverOptions(
+                progress=progress, event_log=event_log, sinks=tuple(self._sinks)
+            ),
+            static_conditions=static_conditions,
+        )
+        return checkpointing, observers
 
 
 def check_progress_option(progress: Any) -> None:

@@ -1,4 +1,6 @@
-"""What one round did: the record listeners, predicates and logs receive."""
+"""The values a run records, shared by the termination rules, progress reporting and
+the loops: what one round did (``RoundProgress``) and why the run stopped
+(``Termination``). A leaf: it imports nothing of iterflow and never Spark."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ def _frozen_dict(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
 
 @attrs.frozen(kw_only=True)
 class RoundProgress:
-    """Progress of round ``epoch``.
+    """What round ``epoch`` did: the record listeners, predicates and logs receive.
 
     ``rows`` maps each feedback and output name to its row count, counted in
     the job that materialized it. ``observed`` maps each ``ctx.observe`` name to
@@ -49,3 +51,12 @@ class RoundProgress:
     feedback_rows_in: Mapping[str, int] = attrs.field(factory=dict, converter=_frozen_dict)
     backlog: Mapping[str, float] = attrs.field(factory=dict, converter=_frozen_dict)
     resident: bool = False
+
+
+@attrs.frozen
+class Termination:
+    """Why the iteration stopped: ``reason`` is the first of ``reasons`` in REASONS order."""
+
+    reason: str
+    epoch: int
+    reasons: tuple[str, ...]

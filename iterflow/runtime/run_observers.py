@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -19,7 +18,7 @@ from typing import Any
 import attrs
 from pyspark.sql import DataFrame, SparkSession
 
-from iterflow.errors import IterflowValueError, IterflowWarning
+from iterflow.errors import IterflowValueError, warn
 from iterflow.metrics._spark import BRIDGE
 from iterflow.metrics.pusher import MetricsPusher
 from iterflow.metrics.registry import REGISTRY
@@ -28,11 +27,11 @@ from iterflow.metrics.values import MetricResult
 from iterflow.progress.bar import ProgressBar
 from iterflow.progress.estimate import estimate_remaining
 from iterflow.progress.events import EventLog
-from iterflow.progress.round import RoundProgress
+from iterflow.records import RoundProgress, Termination
+from iterflow.runtime.jvm import spark_context
 from iterflow.runtime.resident import Residency
 from iterflow.runtime.schema import describe_inputs
-from iterflow.runtime.session import spark_context
-from iterflow.termination import Condition, Converged, Termination, max_rounds_of
+from iterflow.termination import Condition, Converged, max_rounds_of
 
 
 @attrs.frozen(kw_only=True)
@@ -165,12 +164,10 @@ class RunObservers:
         missed = BRIDGE.take_untagged() - self._warned_untagged
         if missed:
             self._warned_untagged |= missed
-            warnings.warn(
+            warn(
                 f"metric(s) {sorted(missed)} were updated by tasks of Spark jobs that no round "
                 "started (a job run from a plain Python thread?); those updates are not "
-                "counted. Start such threads as pyspark.InheritableThread within the round",
-                IterflowWarning,
-                stacklevel=5,
+                "counted. Start such threads as pyspark.InheritableThread within the round"
             )
         if self._log is not None:
             self.flush_start()

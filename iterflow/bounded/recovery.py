@@ -1,0 +1,129 @@
+"""Where a bounded run starts again: after a restored checkpoint, or after a lost block.
+
+A run with ``checkpoint_dir`` resumes after the last committed epoch; a finished
+one returns its result (or continues, when ``max_rounds`` grew). A round that
+lost a block of the previous round's local checkpoint, which Spark cannot
+recompute, rolls back to the last durable checkpoint, at most ``MAX_ROLLBACKS``
+times.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyspark.sql import DataFrame
+
+from iterflow.bounded.result import IterationResult
+from iterflow.errors import IterflowError, IterflowValueError, RoundError, warn
+from iterflow.runtime.checkpoint import Checkpoint
+from iterflow.termination import max_rounds_of
+
+if TYPE_CHECKING:
+    from iterflow.bounded.loop import RoundLoop
+
+#: Rollbacks to a durable checkpoint one run may make before it gives up.
+MAX_ROLLBACKS = 3
+
+
+class Recovery:
+    """Restores and rolls back the rounds of one ``RoundLoop``."""
+
+    def __init__(self, owner: RoundLoop) -> None:
+        self.owner = owner
+        self.rollbacks = 0
+
+    def finished(self, checkpoint: Checkpoint) -> IterationResult | None:
+        """The result of a finished run, read back from its final ``checkpoint``; None when
+        the run continues from it."""
+        if not checkpoint.final or self._extends(checkpoint):
+            self._check_reachable(checkpoint)
+            return None
+        loop = self.owner.loop
+        driver = checkpoint.driver
+        loop.listeners.load_state(driver.listeners)
+        loop.observers.metrics.restore(driver.metrics)
+        metrics = loop.observers.terminated(driver.termination, checkpoint.epoch + 1)
+        return IterationResult(
+            outputs=checkpoint.outputs,
+            rounds=checkpoint.epoch + 1,
+            termination=driver.termination,
+            history=list(driver.history),
+            emitted={k: list(v) for k, v in driver.emitted.items()},
+            metrics=metrics,
+            resumed_from=checkpoint.epoch,
+        )
+
+    def resume(self, checkpoint: Checkpoint) -> dict[str, DataFrame]:
+        """Restore the driver state of ``checkpoint``; the inputs of its next round."""
+        owner = self.owner
+        owner.cycle.first_epoch = checkpoint.epoch + 1
+        owner.loop.load(checkpoint.driver)
+        check = owner.loop.check
+        variables = {n: check.aligned(n, df) for n, df in checkpoint.variables.items()}
+        return {**owner.data_inputs(), **variables}
+
+    def roll_back(self, epoch: int, error: RoundError) -> dict[str, DataFrame]:
+        """Round ``epoch`` lost a local checkpoint block, which Spark cannot recompute:
+        continue from the last durable checkpoint (its next round's inputs), or fail
+        with the remedy."""
+        owner = self.owner
+        lost = (
+            f"epoch {epoch}: a block of the previous round's local checkpoint is gone (its "
+            "executor was lost, or dynamic allocation removed it), and Spark cannot "
+            "recompute it"
+        )
+        keep = (
+            "keep executors that hold cached data "
+            "(spark.dynamicAllocation.cachedExecutorIdleTimeout)"
+        )
+        checkpointing = owner.checkpointing
+        if checkpointing is None:
+            raise IterflowError(
+                f"{lost}. Run with checkpoint_dir=... so that iterflow rolls back to the "
+                f"last durable checkpoint, and {keep}"
+            ) from error
+        if self.rollbacks >= MAX_ROLLBACKS:
+            raise IterflowError(
+                f"{lost}, and this run has rolled back {MAX_ROLLBACKS} times already; "
+                f"{keep}, then run() again to resume"
+            ) from error
+        checkpointing.settle()
+        checkpoint = checkpointing.store.latest()
+        if checkpoint is None:
+            raise IterflowError(
+                f"{lost}, and no checkpoint has committed yet (the first is due after epoch "
+                f"{checkpointing.options.every - 1}); lower checkpoint_every, or {keep}"
+            ) from error
+        self.rollbacks += 1
+        warn(
+            f"epoch {epoch} lost a local checkpoint block; rolling back to the durable "
+            f"checkpoint of epoch {checkpoint.epoch} and running again from epoch "
+            f"{checkpoint.epoch + 1}"
+        )
+        owner.loop.observers.rolled_back(checkpoint.epoch)
+        owner.cycle.drop_rounds()
+        current = self.resume(checkpoint)
+        owner.cycle.own_inputs(current, skip=owner.replay)
+        return current
+
+    def _check_reachable(self, checkpoint: Checkpoint) -> None:
+        """A run cannot resume past a static max_rounds it has already passed."""
+        bound = max_rounds_of(self.owner.conditions)
+        if not checkpoint.final and bound is not None and bound <= checkpoint.epoch + 1:
+            root = self.owner.checkpointing.store.root  # type: ignore[union-attr]
+            raise IterflowValueError(
+                f"the checkpoint in '{root}' is at epoch "
+                f"{checkpoint.epoch}, but max_rounds({bound}) ends the iteration at or "
+                f"before it; pass max_rounds greater than {checkpoint.epoch + 1} to continue, "
+                "or resume=False to start over"
+            )
+
+    def _extends(self, checkpoint: Checkpoint) -> bool:
+        """True when a finished checkpoint continues: it stopped on max_rounds only, and
+        the static max_rounds is larger now ("train 100 more rounds")."""
+        bound = max_rounds_of(self.owner.conditions)
+        return (
+            tuple(checkpoint.driver.termination.reasons) == ("max_rounds",)
+            and bound is not None
+            and bound > checkpoint.epoch + 1
+        )

@@ -1,0 +1,317 @@
+"""The round cycle that the bounded and the unbounded loop share.
+
+Every round, bounded or unbounded, goes through the same steps::
+
+    rnd = cycle.evaluate(epoch, inputs, plan_of, held_names)  # call the body, check it,
+                                                              # materialize its Declaration
+    progress = cycle.record(rnd, rnd.progress(...), conditions)  # observers, history,
+                                                                 # listeners
+    cycle.complete(rnd)  # the round counts; release what the round before held
+
+What differs stays in the loops: termination, rollback and checkpoint cadence in
+the bounded one (``iterflow.bounded.loop``); micro-batches, draining, commits and
+sinks in the unbounded one (``iterflow.unbounded.epochs``). What a run holds on the
+driver between rounds, and saves in checkpoints, is one value: ``LoopState``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Mapping
+from datetime import datetime, timezone
+from functools import partial
+from typing import Any, NoReturn
+
+import attrs
+from pyspark.sql import DataFrame
+
+from iterflow.body import IterationBody, RoundContext
+from iterflow.errors import IterflowError, RoundError
+from iterflow.metrics.values import MetricResult
+from iterflow.progress.listeners import Emitter, IterationEnd, ListenerSet, RoundEnd
+from iterflow.records import RoundProgress, Termination
+from iterflow.runtime.checkpoint import DriverState
+from iterflow.runtime.declaration import DeclarationCheck, RoundPlan
+from iterflow.runtime.driver_variables import DriverVariables
+from iterflow.runtime.materialize import Materialized, materialize, persist_owned, release
+from iterflow.runtime.round_context import CacheRegistry, SparkRoundScope
+from iterflow.runtime.run_observers import RunObservers
+from iterflow.termination import Condition
+
+
+def fail(epoch: int, stage: str, exc: BaseException) -> NoReturn:
+    """Re-raise ``exc`` from round ``epoch``; iterflow's own errors pass unchanged."""
+    if isinstance(exc, IterflowError):
+        raise exc
+    raise RoundError(epoch, stage, exc) from exc
+
+
+@attrs.define(kw_only=True)
+class LoopState:
+    """What a run holds on the driver between rounds: what a checkpoint saves of it."""
+
+    check: DeclarationCheck  # its variable names
+    listeners: ListenerSet
+    observers: RunObservers  # the committed metrics
+    state: dict[str, Any] = attrs.Factory(dict)
+    emitter: Emitter = attrs.Factory(Emitter)
+    history: list[RoundProgress] = attrs.Factory(list)
+    #: Rounds of history kept (None: all); an unbounded run keeps the recent ones.
+    recent: int | None = None
+
+    def driver_state(self, *, termination: Any = None, stream: Any = None) -> DriverState:
+        """The driver state at a round boundary (pickled by ``checkpoint.snapshot``)."""
+        return DriverState(
+            variable_names=self.check.variable_names or (),
+            state=self.state,
+            listeners=self.listeners.state(),
+            emitted=self.emitter.values,
+            history=self.history,
+            metrics=self.observers.metrics.export(),
+            termination=termination,
+            stream=stream,
+        )
+
+    def load(self, driver: DriverState) -> None:
+        """Put ``driver`` back, in place (the inverse of ``driver_state``): listener state
+        goes into the listener objects registered now. Metrics are left to the caller,
+        which knows whether the rounds since count as committed."""
+        self.check.variable_names = tuple(driver.variable_names)
+        self.state.clear()
+        self.state.update(driver.state)
+        self.listeners.load_state(driver.listeners)
+        self.emitter.values.clear()
+        self.emitter.values.update({k: list(v) for k, v in driver.emitted.items()})
+        self.history[:] = driver.history
+
+    def terminated(
+        self, termination: Termination, rounds: int, outputs: Mapping[str, DataFrame]
+    ) -> dict[str, MetricResult]:
+        """Tell listeners, then observers, that the run ended; the metric totals."""
+        end = IterationEnd(
+            termination=termination,
+            rounds=rounds,
+            outputs=outputs,
+            history=tuple(self.history),
+            state=self.state,
+            emitter=self.emitter,
+        )
+        self.listeners.iteration_terminated(end, partial(fail, termination.epoch))
+        return self.observers.terminated(termination, rounds)
+
+
+@attrs.frozen
+class EvaluatedRound:
+    """A round's body called, its Declaration checked and materialized."""
+
+    plan: RoundPlan
+    done: Materialized
+    variables: dict[str, DataFrame]  # feedback, materialized, columns in input order
+    outputs: dict[str, DataFrame]  # materialized
+    rows: dict[str, int]  # of each feedback and output
+    produced: list[DataFrame]  # what the round holds until the next one completes
+    tables: dict[str, Any]  # the variables materialized on the driver, as pyarrow Tables
+
+
+def evaluate_round(
+    body: IterationBody,
+    inputs: Mapping[str, DataFrame],
+    ctx: RoundContext,
+    check: DeclarationCheck,
+    plan_of: Callable[[Any], RoundPlan],
+    on_driver: Collection[str] = (),
+) -> EvaluatedRound:
+    """Call ``body`` for round ``ctx.epoch``, check its Declaration with ``plan_of``, and
+    materialize its feedback, outputs, criteria and convergence values (the feedback of
+    the variables named in ``on_driver`` as rows on the driver)."""
+    epoch = ctx.epoch
+    try:
+        declaration = body(inputs, ctx)
+    except Exception as exc:
+        fail(epoch, f"body '{body.name}'", exc)
+    plan = plan_of(declaration)
+    feedback, outputs = plan.declaration.feedback, plan.declaration.outputs
+    try:
+        done = materialize(
+            targets=[*feedback.values(), *outputs.values()],
+            criteria=[c.criteria for c in plan.criteria],
+            values=[c.value for c in plan.convergence if not callable(c.value)],
+            epoch=epoch,
+            on_driver={id(df) for name, df in feedback.items() if name in on_driver},
+        )
+    except Exception as exc:
+        fail(epoch, "materialization", exc)
+    return EvaluatedRound(
+        plan=plan,
+        done=done,
+        variables={name: check.aligned(name, done.frames[id(df)]) for name, df in feedback.items()},
+        outputs={name: done.frames[id(df)] for name, df in outputs.items()},
+        rows={name: done.rows[id(df)] for name, df in [*feedback.items(), *outputs.items()]},
+        produced=list({id(df): df for df in done.frames.values()}.values()),
+        tables={  # in the input's column order, like ``variables``
+            name: done.tables[id(df)].select(check.schemas[name].fieldNames())
+            for name, df in feedback.items()
+            if id(df) in done.tables
+        },
+    )
+
+
+@attrs.frozen(kw_only=True)
+class Round:
+    """One round in flight: its body evaluated, not yet complete."""
+
+    epoch: int
+    inputs: Mapping[str, DataFrame]
+    ctx: RoundContext
+    scope: SparkRoundScope
+    evaluated: EvaluatedRound
+    emitter: Emitter
+    started_at: datetime
+    clock: float  # time.perf_counter() at its start
+    resident: bool  # its kernels ran on resident data
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.clock
+
+    def progress(self, **fields: Any) -> RoundProgress:
+        """The round's ``RoundProgress`` before observers complete it; ``fields`` are the
+        loop's own (criteria, micro-batch, backlog...)."""
+        return RoundProgress(
+            epoch=self.epoch,
+            epoch_watermark=self.epoch,
+            started_at=self.started_at,
+            duration_s=self.elapsed_s,
+            rows=self.evaluated.rows,
+            observed=self.scope.observed(),
+            resident=self.resident,
+            **fields,
+        )
+
+    def end(self, progress: RoundProgress) -> RoundEnd:
+        """What listeners (and convergence callables) receive about this round."""
+        return RoundEnd(
+            epoch=self.epoch,
+            epoch_watermark=self.epoch,
+            inputs=self.inputs,
+            variables=self.evaluated.variables,
+            outputs=self.evaluated.outputs,
+            progress=progress,
+            state=self.ctx.state,
+            emitter=self.emitter,
+        )
+
+
+class RoundCycle:
+    """The rounds of one run: what each round holds in Spark and on the driver, and the
+    steps every round goes through (see the module's docstring)."""
+
+    def __init__(self, loop: LoopState, caches: CacheRegistry, driver_rows: int) -> None:
+        self.loop = loop
+        self.caches = caches
+        self.variables = DriverVariables(driver_rows)
+        # Live checkpoints: the previous round's, then the current round's.
+        self.held: list[DataFrame] = []
+        # Inputs iterflow persisted at the start (data inputs and the variables' first values).
+        self.owned_inputs: dict[str, DataFrame] = {}
+        # The first epoch of this start: the variables' first values are released after it.
+        self.first_epoch = 0
+
+    def own_inputs(self, inputs: Mapping[str, DataFrame], skip: Collection[str] = ()) -> None:
+        """Persist the ``inputs`` not in ``skip`` that are not cached already, until the end."""
+        for name, df in inputs.items():
+            if name not in skip and name not in self.owned_inputs and persist_owned(df):
+                self.owned_inputs[name] = df
+
+    def evaluate(
+        self,
+        epoch: int,
+        body: IterationBody,
+        inputs: Mapping[str, DataFrame],
+        plan_of: Callable[[Any], RoundPlan],
+        candidates: Collection[str],
+    ) -> Round:
+        """Call ``body`` for round ``epoch`` and materialize its Declaration; the feedback of
+        the small ``candidates`` (see ``DriverVariables``) stays on the driver."""
+        started_at = datetime.now(timezone.utc)
+        clock = time.perf_counter()
+        scope = SparkRoundScope(epoch, self.caches)
+        ctx = RoundContext(epoch, self.loop.state, scope)
+        calls = self.caches.resident_calls
+        small = self.variables.small(candidates)
+        evaluated = evaluate_round(body, inputs, ctx, self.loop.check, plan_of, small)
+        self.held.extend(evaluated.produced)  # released with the rest if this round fails
+        self.variables.rows = {name: evaluated.rows[name] for name in evaluated.variables}
+        self.variables.tables = evaluated.tables
+        return Round(
+            epoch=epoch,
+            inputs=inputs,
+            ctx=ctx,
+            scope=scope,
+            evaluated=evaluated,
+            emitter=self.loop.emitter,
+            started_at=started_at,
+            clock=clock,
+            resident=self.caches.resident_calls > calls,
+        )
+
+    def record(
+        self, rnd: Round, progress: RoundProgress, conditions: tuple[Condition, ...]
+    ) -> RoundProgress:
+        """Complete ``progress`` with the round's metrics and estimate, add it to the
+        history, show and log it, then call the listeners; the completed progress."""
+        loop = self.loop
+        progress = loop.observers.complete(progress, conditions, loop.history)
+        loop.history.append(progress)
+        if loop.recent is not None:
+            del loop.history[: -loop.recent]
+        loop.observers.round_end(progress, conditions)
+        loop.listeners.round_end(rnd.end(progress), partial(fail, rnd.epoch))
+        return progress
+
+    def complete(self, rnd: Round, before_release: Callable[[], None] | None = None) -> None:
+        """Round ``rnd`` counts: release what the round before it held, and this round's
+        caches (after ``before_release``, e.g. waiting for a checkpoint that reads it)."""
+        self.loop.observers.round_completed(rnd.epoch)
+        self.caches.release("round")
+        if before_release is not None:
+            before_release()
+        produced = rnd.evaluated.produced
+        finished, self.held = self.held[: len(self.held) - len(produced)], produced
+        for df in finished:
+            release(df)
+        if rnd.epoch == self.first_epoch:
+            self.release_first_values()
+
+    def release_first_values(self) -> None:
+        """Unpersist the variables' first values (bound, or read from a checkpoint): after
+        the first round of a start, the variables are that round's feedback."""
+        for name in self.loop.check.variable_names or ():
+            if name in self.owned_inputs:
+                # Blocking, once per start: rounds held on the driver take milliseconds, and
+                # what a run holds in Spark from round 1 on must not depend on how soon the
+                # block manager got round to it.
+                self.owned_inputs.pop(name).unpersist(blocking=True)
+
+    def drop_rounds(self) -> None:
+        """Release what the rounds in flight hold (before running them again)."""
+        self.caches.release("round")
+        for df in self.held:
+            release(df)
+        self.held = []
+        self.release_first_values()
+
+    def close(self, keep: Mapping[str, DataFrame] | None = None) -> None:
+        """Release everything the run holds but ``keep`` (a result's outputs)."""
+        keep_ids = {id(df) for df in (keep or {}).values()}
+        try:
+            self.caches.release("round")
+            self.caches.release("iteration")
+        finally:
+            for df in self.held:
+                if id(df) not in keep_ids:
+                    release(df)
+            self.held = []
+            for df in self.owned_inputs.values():
+                df.unpersist(blocking=False)
+            self.owned_inputs = {}

@@ -1,0 +1,86 @@
+"""The epoch log of an unbounded iteration: its commits under the checkpoint location.
+
+A commit holds the pending variables (small ones inline in the driver state, the
+others as parquet), the driver state, and the position in the stream: the last
+epoch run and the id of the last micro-batch whose rows are consumed. A restart
+continues from the last commit.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import attrs
+from pyspark.sql import DataFrame
+from pyspark.sql.types import StructType
+
+from iterflow.errors import IterflowValueError
+from iterflow.runtime.driver_variables import local_frame
+
+if TYPE_CHECKING:
+    from iterflow.unbounded.epochs import EpochLoop
+
+#: Pending variables up to this many rows are committed inside the driver state
+#: (one small collect) rather than as parquet (a Spark write job).
+INLINE_ROWS = 10_000
+
+
+@attrs.frozen(kw_only=True)
+class StreamPosition:
+    """Where an unbounded iteration stood at a commit (kept in the driver state)."""
+
+    epoch: int  # the last epoch run; -1 before the first
+    batch_id: int  # the last micro-batch whose rows are consumed; -1 before the first
+    rows: dict[str, int]  # rows of each pending variable
+    inline: dict[str, tuple[str, Any]]  # small pending variables: schema JSON, pyarrow Table
+
+
+def commit(loop: EpochLoop) -> None:
+    """Commit the pending variables and the driver state after the last epoch run."""
+    if loop.epoch == loop.committed_epoch:
+        return
+    rows, tables = loop.cycle.variables.rows, loop.cycle.variables.tables
+    inline: dict[str, tuple[str, Any]] = {}
+    written: dict[str, DataFrame] = {}
+    for name, df in loop.pending.items():
+        if name in tables or rows[name] <= INLINE_ROWS:
+            table = tables.get(name)
+            inline[name] = (df.schema.json(), df.toArrow() if table is None else table)
+        else:
+            written[name] = df
+    position = StreamPosition(
+        epoch=loop.epoch, batch_id=loop.batch_id, rows=dict(rows), inline=inline
+    )
+    loop.checkpointing.write(loop.epoch, loop.loop.driver_state(stream=position), written)
+    loop.committed_epoch = loop.epoch
+
+
+def restore(loop: EpochLoop) -> int | None:
+    """Continue ``loop`` from the last commit under the checkpoint location; its epoch, or
+    None when there is none."""
+    checkpoint = loop.checkpointing.restore()
+    if checkpoint is None:
+        return None
+    driver = checkpoint.driver
+    position = driver.stream
+    if not isinstance(position, StreamPosition):
+        raise IterflowValueError(
+            f"checkpoint_location '{loop.checkpointing.store.root}' holds checkpoints of "
+            "a bounded iteration; give the unbounded iteration its own location"
+        )
+    loop.loop.load(driver)
+    loop.loop.observers.metrics.restore(driver.metrics)
+    inline = {
+        name: local_frame(loop.spark, table, StructType.fromJson(json.loads(schema)))
+        for name, (schema, table) in position.inline.items()
+    }
+    loop.pending = {
+        name: loop.loop.check.aligned(name, df)
+        for name, df in {**checkpoint.variables, **inline}.items()
+    }
+    loop.cycle.variables.rows = dict(position.rows)
+    loop.cycle.variables.tables = {name: table for name, (_, table) in position.inline.items()}
+    loop.epoch = loop.committed_epoch = position.epoch
+    loop.batch_id = position.batch_id
+    return checkpoint.epoch
