@@ -111,7 +111,6 @@ from pyspark.sql import functions as F
 
 import iterflow as itf
 from iterflow.graph import Graph
-from iterflow.ml.model import cell, model_row
 from iterflow.runtime.resident import RESIDENT_CONF
 
 TARGET_PAGERANK = 0.5  # iterflow resident / (GraphX warm load + PageRank.run)
@@ -404,7 +403,7 @@ def logistic_comparison(spark: SparkSession, n: int, repetitions: int) -> dict[s
 
 def one_row(table: pa.Table, model: np.ndarray) -> pa.Table:
     """Kernel: ignores its partition and returns one row, the model."""
-    return pa.table([cell(model)], names=["x"])
+    return pa.table([itf.vector_cell(model)], names=["x"])
 
 
 def first_row(batches: Any) -> Any:
@@ -419,7 +418,7 @@ def first_row(batches: Any) -> Any:
 def noop_kernel_round(
     model: DataFrame, points: DataFrame, ctx: itf.RoundContext
 ) -> itf.Declaration:
-    current = np.array(model_row(model)["x"], dtype=np.float64)  # held on the driver
+    current = itf.vector(model, "x").astype(np.float64)  # held on the driver
     new_model = ctx.columnar(points).map(
         one_row, NOOP_SCHEMA, current, combine=first_row, combine_schema=NOOP_SCHEMA
     )
@@ -428,7 +427,8 @@ def noop_kernel_round(
 
 def noop_run(spark: SparkSession, points: DataFrame, variant: str, rounds: int) -> dict[str, Any]:
     model = spark.createDataFrame(
-        pa.table([cell(np.arange(NOOP_DIMS, dtype=np.float64))], names=["x"]), NOOP_SCHEMA
+        pa.table([itf.vector_cell(np.arange(NOOP_DIMS, dtype=np.float64))], names=["x"]),
+        NOOP_SCHEMA,
     )
     settle(spark)
     clock = RoundClock()
