@@ -20,7 +20,7 @@ from iterflow.bounded.recovery import Recovery
 from iterflow.bounded.result import IterationResult
 from iterflow.errors import IterflowError, RoundError, warn
 from iterflow.progress.listeners import ListenerSet
-from iterflow.records import Termination
+from iterflow.records import RoundProgress, Termination
 from iterflow.runtime.checkpoint import Checkpointing, lost_checkpoint_block
 from iterflow.runtime.cycle import LoopState, Round, RoundCycle, fail
 from iterflow.runtime.declaration import DeclarationCheck, RoundPlan
@@ -164,7 +164,7 @@ class RoundLoop:
         return {**self.data_inputs(), **variables}, rnd.evaluated.outputs, termination
 
     def _convergence_values(
-        self, rnd: Round, plan: RoundPlan, progress: Any
+        self, rnd: Round, plan: RoundPlan, progress: RoundProgress
     ) -> dict[Condition, float]:
         values: dict[Condition, float] = {}
         for condition in plan.convergence:
