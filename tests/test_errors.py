@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
@@ -295,3 +296,22 @@ def test_round_error_shows_what_a_python_worker_raised():
     )
     plain = ValueError("first line\nsecond line")
     assert str(RoundError(0, "body 'step'", plain)).endswith("ValueError: first line")
+
+
+def test_iterflow_warnings_point_at_the_line_that_called_iterflow() -> None:
+    """However deep iterflow's own frames (and a ``with`` block's) are, a warning names
+    the first frame outside iterflow: the user's call."""
+    inner: dict[str, Any] = {"__name__": "iterflow.fake"}
+    exec(
+        "import contextlib\n"
+        "from iterflow.errors import warn\n"
+        "def deep():\n"
+        "    with contextlib.nullcontext():\n"
+        "        warn('deep')\n"
+        "def outer():\n"
+        "    deep()\n",
+        inner,
+    )
+    with pytest.warns(itf.IterflowWarning, match="deep") as caught:
+        inner["outer"]()  # this line
+    assert caught[0].filename == __file__
