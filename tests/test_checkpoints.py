@@ -3,6 +3,7 @@ checkpoints, fingerprints (shared local[2] session)."""
 
 from __future__ import annotations
 
+import pickle
 import warnings
 from pathlib import Path
 from typing import Any
@@ -400,3 +401,38 @@ def test_a_failing_final_write_warns_and_returns_the_result(
     assert values(result) == expected(8)
     assert read_events(log)[-1]["event"] == "iteration_terminated"
     assert committed_epochs(tmp_path / "ckpt") == [3, 5]
+
+
+def test_driver_states_written_before_classes_moved_still_load() -> None:
+    """A checkpoint names its classes by module: RoundProgress was in
+    iterflow.progress.round and StreamPosition in iterflow.unbounded.epochs."""
+    from datetime import datetime, timezone
+
+    from iterflow.records import RoundProgress
+    from iterflow.runtime.checkpoint import DriverState, load_driver_state
+    from iterflow.unbounded.epoch_log import StreamPosition
+
+    progress = RoundProgress(
+        epoch=3, epoch_watermark=3, started_at=datetime.now(timezone.utc), duration_s=0.25
+    )
+    position = StreamPosition(epoch=3, batch_id=2, rows={"work": 5}, inline={})
+    driver = DriverState(
+        variable_names=("work",),
+        state={"k": 1},
+        listeners={},
+        emitted={},
+        history=[progress],
+        metrics={},
+        termination=None,
+        stream=position,
+    )
+    raw = pickle.dumps(driver, protocol=2)  # names classes as "module\nname" text
+    old = raw.replace(
+        b"iterflow.records\nRoundProgress", b"iterflow.progress.round\nRoundProgress"
+    ).replace(
+        b"iterflow.unbounded.epoch_log\nStreamPosition",
+        b"iterflow.unbounded.epochs\nStreamPosition",
+    )
+    assert old != raw and b"iterflow.records\nRoundProgress" not in old
+    loaded = load_driver_state(old)
+    assert loaded.history == [progress] and loaded.stream == position

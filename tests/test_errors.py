@@ -12,6 +12,7 @@ from pyspark.sql import functions as F
 from sessions import jobs_started, persisted_rdds
 
 import iterflow as itf
+from iterflow.runtime.driver_variables import DRIVER_ROWS_CONF
 
 pytestmark = pytest.mark.spark
 
@@ -270,6 +271,33 @@ def test_failed_run_releases_what_it_persisted(
     leaked = {k: v for k, v in persisted_rdds(spark).items() if k not in before}
     assert leaked == {}
     assert edges.storageLevel.useMemory is False
+
+
+def test_a_run_that_fails_as_it_terminates_releases_its_last_outputs(
+    spark: SparkSession, ranks: DataFrame, edges: DataFrame
+) -> None:
+    """The last round's outputs are kept only for a result that is returned."""
+    before = persisted_rdds(spark)
+
+    @itf.body
+    def with_output(ranks: DataFrame, edges: DataFrame) -> itf.Declaration:
+        following = ranks.select("id", (F.col("rank") * 0.5).alias("rank"))
+        return itf.Declaration(feedback={"ranks": following}, outputs={"ranks": following})
+
+    class FailsAtTheEnd(itf.RoundListener):
+        def on_iteration_terminated(self, ctx: itf.IterationEnd) -> None:
+            raise RuntimeError("end")
+
+    spark.conf.set(DRIVER_ROWS_CONF, "0")  # the outputs are checkpointed in Spark
+    try:
+        with pytest.raises(itf.RoundError, match="end"):
+            itf.BoundedIteration(with_output).bind("ranks", ranks).bind("edges", edges).until(
+                itf.max_rounds(3)
+            ).listen(FailsAtTheEnd()).run()
+    finally:
+        spark.conf.unset(DRIVER_ROWS_CONF)
+    leaked = {k: v for k, v in persisted_rdds(spark).items() if k not in before}
+    assert leaked == {}
 
 
 def test_round_error_shows_what_a_python_worker_raised():

@@ -96,10 +96,11 @@ class RoundLoop:
                         current, outputs, termination = self.run_round(epoch, current)
                         if termination is not None:
                             # Listener updates at the end count toward the last round.
-                            kept = outputs
-                            return self._terminate(
+                            result = self._terminate(
                                 epoch, termination, current, outputs, resumed_from
                             )
+                            kept = outputs  # returned: not released
+                            return result
                     epoch += 1
                 except RoundError as exc:
                     if not lost_checkpoint_block(exc):

@@ -19,7 +19,9 @@ Checkpoint directories are trusted input: they hold pickles.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import pickle
 import re
 import threading
 import warnings
@@ -28,7 +30,7 @@ from typing import Any
 
 import attrs
 from pyspark import InheritableThread
-from pyspark.cloudpickle import dumps, loads
+from pyspark.cloudpickle import dumps
 from pyspark.sql import DataFrame, SparkSession
 
 from iterflow.errors import IterflowError, IterflowValueError, IterflowWarning, warn
@@ -116,6 +118,26 @@ class Checkpoint:
     @property
     def final(self) -> bool:
         return self.driver.termination is not None
+
+
+#: Classes a checkpoint's driver state may name by a module they have since moved from:
+#: (module, name) -> the module that holds the class now.
+MOVED_CLASSES = {
+    ("iterflow.progress.round", "RoundProgress"): "iterflow.records",
+    ("iterflow.unbounded.epochs", "StreamPosition"): "iterflow.unbounded.epoch_log",
+}
+
+
+class _DriverStateUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        return super().find_class(MOVED_CLASSES.get((module, name), module), name)
+
+
+def load_driver_state(raw: bytes) -> DriverState:
+    """The driver state pickled by ``snapshot``, also when an older iterflow wrote it
+    (classes that moved since are found where they are now)."""
+    driver: DriverState = _DriverStateUnpickler(io.BytesIO(raw)).load()
+    return driver
 
 
 def snapshot(driver: DriverState, epoch: int) -> bytes:
@@ -225,7 +247,7 @@ class CheckpointStore:
         base = self._path(epoch_dir(epoch))
         manifest = self._manifest(epoch)
         try:
-            driver: DriverState = loads(self.files.read_bytes(f"{base}/{DRIVER}"))
+            driver: DriverState = load_driver_state(self.files.read_bytes(f"{base}/{DRIVER}"))
         except Exception as exc:
             raise IterflowError(
                 f"checkpoint epoch {epoch} in '{self.root}': its driver state does not load "

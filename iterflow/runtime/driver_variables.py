@@ -146,6 +146,9 @@ def vector(df: DataFrame, column: str, row: int = 0) -> np.ndarray:
     a model or a vertex-state vector kept as one row (a variable held on the driver
     between rounds is read without a Spark job, as ``to_arrow`` reads it).
 
+    The array may share the rows' memory and then be read-only: copy it (``.copy()``,
+    ``.astype(...)``) to change it in place. Null elements read as NaN.
+
     Example, in a body::
 
         centroids = itf.vector(model, "centroids").reshape(k, dims)
