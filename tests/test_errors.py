@@ -273,6 +273,9 @@ def test_failed_run_releases_what_it_persisted(
     assert edges.storageLevel.useMemory is False
 
 
+@pytest.mark.spark_classic(
+    "a Connect server frees released checkpoints only when its JVM collects them"
+)
 def test_a_run_that_fails_as_it_terminates_releases_its_last_outputs(
     spark: SparkSession, ranks: DataFrame, edges: DataFrame
 ) -> None:
