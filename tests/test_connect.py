@@ -89,7 +89,9 @@ def test_the_core_semantics_tests_pass_on_a_connect_session(connect_run: dict[st
     """The same test functions as on the classic session. Skipped, by their marker, are
     only those that reach into the JVM: counting evaluations with an accumulator or
     updating metrics in executor functions (Connect has no accumulators), dropping a
-    checkpoint block, job descriptions, pickling a py4j handle."""
+    checkpoint block, job descriptions, pickling a py4j handle, and one that needs
+    released checkpoints freed at once (a Connect server frees them when its JVM
+    collects them)."""
     here = Path(__file__).parent
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
     done = subprocess.run(
@@ -107,8 +109,8 @@ def test_the_core_semantics_tests_pass_on_a_connect_session(connect_run: dict[st
     assert done.returncode == 0, done.stdout[-6000:]
     counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|skipped|failed)", summary)}
     older = pyspark.__version__.startswith("4.0.")  # its Connect client lacks newSession()
-    assert counts.get("passed", 0) >= 152 - older, summary
-    assert counts.get("skipped") == 10 + older, summary
+    assert counts.get("passed", 0) >= 155 - older, summary
+    assert counts.get("skipped") == 11 + older, summary
     skips = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]
     expected = ("needs a classic session", "has no newSession()")
     assert skips and all(any(e in line for e in expected) for line in skips), skips
