@@ -18,6 +18,7 @@ from iterflow.progress.listeners import ListenerSet
 from iterflow.runtime.checkpoint import Checkpointing, CheckpointOptions, fingerprint
 from iterflow.runtime.run_observers import ObserverOptions, RunObservers
 from iterflow.runtime.session import session_of
+from iterflow.runtime.sinks import Sink, sink_of
 from iterflow.termination import Condition
 
 
@@ -50,6 +51,7 @@ class IterationBuilder:
         self._bindings: dict[str, Binding] = {}
         self._listeners = ListenerSet()
         self._sinks: list[tuple[MetricsSink, float]] = []
+        self._sinks_by_output: dict[str, Sink] = {}
 
     @property
     def body(self) -> IterationBody:
@@ -75,6 +77,24 @@ class IterationBuilder:
         instance every round.
         """
         self._listeners.add(listener, per_round=per_round)
+        return self
+
+    def sink(self: Builder, name: str, target: Any) -> Builder:
+        """Send output ``name`` of every round (epoch) to ``target``.
+
+        ``target`` is an ``itf.FileSink(path, format=...)``: each round's rows under
+        ``path/epoch=<n>`` (read back with an ``epoch`` column), exactly once, crashes and
+        resumes included. Or a function ``(df, epoch) -> None``, called at least once per
+        round and again with the same epoch and rows for a round that runs again after a
+        crash: make it idempotent per epoch.
+        """
+        if not isinstance(name, str) or not name:
+            raise IterflowTypeError(f"sink() takes an output name (str), got {name!r}")
+        if name in self._sinks_by_output:
+            raise IterflowValueError(
+                f"sink('{name}'): output '{name}' has a sink already; one sink per output"
+            )
+        self._sinks_by_output[name] = sink_of(name, target)
         return self
 
     def push_metrics(self: Builder, sink: MetricsSink, *, every_s: float = 5.0) -> Builder:

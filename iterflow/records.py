@@ -11,6 +11,10 @@ from typing import Any
 import attrs
 
 
+def _path(value: Any) -> tuple[int, ...]:
+    return tuple(int(epoch) for epoch in value)
+
+
 def _frozen_dict(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return dict(value or {})
 
@@ -33,6 +37,10 @@ class RoundProgress:
 
     ``resident`` is True when the round's kernels ran on resident data (in tasks
     that keep their partitions across rounds) rather than as Spark jobs.
+
+    ``epoch_path`` places the round among nested iterations, outermost first:
+    ``(epoch,)`` for a run of its own, ``(3, 0)`` for round 0 of an iteration run
+    inside round 3 of another (by its body or a listener).
     """
 
     epoch: int
@@ -51,6 +59,9 @@ class RoundProgress:
     feedback_rows_in: Mapping[str, int] = attrs.field(factory=dict, converter=_frozen_dict)
     backlog: Mapping[str, float] = attrs.field(factory=dict, converter=_frozen_dict)
     resident: bool = False
+    epoch_path: tuple[int, ...] = attrs.field(
+        default=attrs.Factory(lambda self: (self.epoch,), takes_self=True), converter=_path
+    )
 
 
 @attrs.frozen

@@ -12,10 +12,11 @@ from iterflow.body import IterationBody
 from iterflow.bounded.loop import RoundLoop
 from iterflow.bounded.result import IterationResult
 from iterflow.builder import Binding, IterationBuilder, at_least_one, check_progress_option
-from iterflow.errors import IterflowTypeError, IterflowValueError
+from iterflow.errors import IterflowTypeError, IterflowValueError, warn
 from iterflow.runtime.checkpoint import CheckpointOptions
 from iterflow.runtime.driver_variables import driver_rows
 from iterflow.runtime.resident import ResidentPolicy
+from iterflow.runtime.run_observers import enclosing_round
 from iterflow.runtime.schema import describe_inputs
 from iterflow.termination import Condition
 
@@ -98,6 +99,15 @@ class BoundedIteration(IterationBuilder):
         residency = ResidentPolicy(active)  # checks spark.iterflow.resident before anything starts
         replay = {name for name, b in self._bindings.items() if b.replay}
         checkpoints = None
+        outer = enclosing_round()
+        if checkpoint_dir is not None and outer is not None:
+            warn(
+                f"run(checkpoint_dir='{os.fspath(checkpoint_dir)}') is ignored: this run is "
+                f"nested in another, in its round at epoch path {outer}, whose checkpoints "
+                "(at its round boundaries) cover it; after a crash the outer run resumes "
+                "and runs this one again from its start"
+            )
+            checkpoint_dir = None
         if checkpoint_dir is not None:
             checkpoints = CheckpointOptions(
                 directory=os.fspath(checkpoint_dir),
@@ -124,5 +134,7 @@ class BoundedIteration(IterationBuilder):
             residency=residency,
             checkpointing=checkpointing,
             driver_rows=held_rows,
+            sinks=self._sinks_by_output,
+            spark=active,
         )
         return loop.run()

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 
 from iterflow.body import IterationBody
 from iterflow.bounded.recovery import Recovery
@@ -27,6 +27,7 @@ from iterflow.runtime.declaration import DeclarationCheck, RoundPlan
 from iterflow.runtime.resident import ResidentPolicy
 from iterflow.runtime.round_context import CacheRegistry
 from iterflow.runtime.run_observers import RunObservers
+from iterflow.runtime.sinks import Sink
 from iterflow.termination import Condition, check_converged_value, decide, flatten
 
 
@@ -45,8 +46,12 @@ class RoundLoop:
         residency: ResidentPolicy,
         checkpointing: Checkpointing | None,
         driver_rows: int,
+        sinks: Mapping[str, Sink],
+        spark: SparkSession,
     ) -> None:
         self.body = body
+        self.sinks = dict(sinks)
+        self.spark = spark
         self.inputs = dict(inputs)
         self.replay = replay
         self.conditions = tuple(flatten(conditions))
@@ -86,7 +91,11 @@ class RoundLoop:
                 if finished is not None:
                     return finished
                 observers.metrics.restore(restored.driver.metrics)
-            current = self.recovery.resume(restored) if restored else dict(self.inputs)
+            if restored is None:
+                self.discard_sinks_after(-1)  # a fresh start: what the sinks hold is stale
+                current = dict(self.inputs)
+            else:
+                current = self.recovery.resume(restored)
             self.cycle.variables.count_local(current)
             self.cycle.own_inputs(current, skip=self.replay)
             epoch = self.cycle.first_epoch
@@ -126,7 +135,9 @@ class RoundLoop:
         termination if the iteration ends here."""
 
         def plan_of(declaration: Any) -> RoundPlan:
-            plan = self.loop.check.check(epoch, declaration)
+            plan = self.loop.check.check_sinks(
+                epoch, self.sinks, self.loop.check.check(epoch, declaration)
+            )
             self.loop.check.warn_unbounded(epoch, plan)
             return plan
 
@@ -136,6 +147,8 @@ class RoundLoop:
             epoch, self.body, inputs, plan_of, inputs if names is None else names
         )
         plan, variables = rnd.evaluated.plan, rnd.evaluated.variables
+        # Before the round can count, so a committed checkpoint's epochs are all written.
+        self.cycle.write_sinks(rnd, self.sinks)
         criteria_empty: dict[Condition, bool] = {
             c: rnd.evaluated.done.criteria_empty[id(c.criteria)] for c in plan.criteria
         }
@@ -214,6 +227,11 @@ class RoundLoop:
             metrics=metrics,
             resumed_from=resumed_from,
         )
+
+    def discard_sinks_after(self, epoch: int) -> None:
+        """Delete what the sinks hold of the epochs after ``epoch``: they run (again) now."""
+        for sink in self.sinks.values():
+            sink.discard_after(self.spark, epoch)
 
     def data_inputs(self) -> dict[str, DataFrame]:
         variables = self.loop.check.variable_names or ()

@@ -56,6 +56,7 @@ class Recovery:
     def resume(self, checkpoint: Checkpoint) -> dict[str, DataFrame]:
         """Restore the driver state of ``checkpoint``; the inputs of its next round."""
         owner = self.owner
+        owner.discard_sinks_after(checkpoint.epoch)
         owner.cycle.first_epoch = checkpoint.epoch + 1
         owner.loop.load(checkpoint.driver)
         check = owner.loop.check

@@ -256,6 +256,16 @@ class RunMetrics:
             self._seal(lambda e: True)
             return self._results(self._committed, self._attempted)
 
+    def roll_up(self, outer: RunMetrics) -> None:
+        """Count what this (nested, finished) run committed toward ``outer``'s current
+        round, as driver-side updates there."""
+        with self._lock:
+            kinds, committed = dict(self._kinds), dict(self._committed)
+        for name, kind in kinds.items():
+            outer.declare(name, kind)
+            if name in committed:
+                outer.record(name, kind, committed[name])
+
     def export(self) -> dict[str, Any]:
         """The committed and attempted states so far, for a durable checkpoint."""
         executor = self._executor_states()

@@ -50,6 +50,8 @@ class ProgressBar:
     """Rounds done out of ``max_rounds`` (or an open counter), updated at every round end.
 
     ``enabled=None`` shows the bar when ``file`` (stderr by default) is a terminal.
+    ``position`` > 0 is the line of a nested run's bar below its outer run's; it is
+    cleared when the nested run ends.
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class ProgressBar:
         max_rounds: int | None,
         enabled: bool | None,
         file: IO[str] | None = None,
+        position: int = 0,
     ) -> None:
         out = file if file is not None else sys.stderr
         show = enabled if enabled is not None else bool(getattr(out, "isatty", bool)())
@@ -76,7 +79,9 @@ class ProgressBar:
                 dynamic_ncols=follow,
                 ncols=None if follow else 100,
                 nrows=None if lines > 0 else 20,
-                leave=True,
+                # A nested run's bar sits below its outer run's and goes when it ends.
+                position=position,
+                leave=position == 0,
                 mininterval=0,
             )
 

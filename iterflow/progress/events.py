@@ -54,6 +54,7 @@ def progress_to_dict(p: RoundProgress) -> dict[str, Any]:
         "feedback_rows_in": dict(p.feedback_rows_in),
         "backlog": dict(p.backlog),
         "resident": p.resident,
+        "epoch_path": list(p.epoch_path),
     }
 
 
@@ -110,9 +111,13 @@ class EventLog:
         conditions: Sequence[Mapping[str, Any]],
         resumed_from: int | None = None,
         resident: Mapping[str, Any] | None = None,
+        parent_run_id: str | None = None,
+        epoch_path: Sequence[int] = (),
     ) -> None:
         """The run began: body name, inputs (name -> {"schema", "replay"}), conditions and
-        how its kernels run (``resident``: {"mode": "resident" | "jobs", "reason"})."""
+        how its kernels run (``resident``: {"mode": "resident" | "jobs", "reason"}). A run
+        nested in a round of another names that run (``parent_run_id``) and the round's
+        ``epoch_path``."""
         self._write(
             "iteration_started",
             run_id,
@@ -121,6 +126,8 @@ class EventLog:
             conditions=[dict(condition) for condition in conditions],
             resumed_from=resumed_from,
             resident=dict(resident) if resident is not None else None,
+            parent_run_id=parent_run_id,
+            epoch_path=list(epoch_path),
             iterflow_version=_iterflow_version(),
         )
 
@@ -189,18 +196,52 @@ class EventLog:
         self._file.flush()
 
 
+def main_run(events: Sequence[Mapping[str, Any]]) -> str | None:
+    """The run of ``events`` that the others are nested in (the first event's run, or the
+    outermost run around it)."""
+    if not events:
+        return None
+    parents = {
+        e.get("run_id"): e.get("parent_run_id")
+        for e in events
+        if e.get("event") == "iteration_started"
+    }
+    run = events[0].get("run_id")
+    seen = {run}
+    while parents.get(run) in parents and parents[run] not in seen:
+        run = parents[run]
+        seen.add(run)
+    return run
+
+
 def round_ends(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The ``round_end`` events of a run, one per epoch in epoch order: after a rollback,
-    the last attempt of a round wins."""
-    last = {e["epoch"]: e for e in events if e.get("event") == "round_end"}
+    """The ``round_end`` events of a run (not of the runs nested in it), one per epoch in
+    epoch order: after a rollback, the last attempt of a round wins."""
+    run = main_run(events)
+    last = {
+        e["epoch"]: e for e in events if e.get("event") == "round_end" and e.get("run_id") == run
+    }
     return [last[epoch] for epoch in sorted(last)]
 
 
-def read_events(path: str | os.PathLike[str], run_id: str | None = None) -> list[dict[str, Any]]:
-    """The events of one run in the event log ``path``, in file order.
+def nested_round_ends(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The ``round_end`` events of the runs nested in the main run of ``events``, one per
+    epoch path, in path order (a round run again after a resume or rollback: the last)."""
+    run = main_run(events)
+    last = {
+        tuple(e.get("epoch_path") or (e["epoch"],)): e
+        for e in events
+        if e.get("event") == "round_end" and e.get("run_id") != run
+    }
+    return [last[path] for path in sorted(last)]
 
-    With ``run_id`` None, the run of the last ``iteration_started`` line; otherwise
-    the run ``run_id``.
+
+def read_events(path: str | os.PathLike[str], run_id: str | None = None) -> list[dict[str, Any]]:
+    """The events of one run in the event log ``path``, and of the runs nested in it (run
+    by its body or listeners, whose lines name it as ``parent_run_id``), in file order.
+
+    With ``run_id`` None, the run of the last ``iteration_started`` line that is not
+    nested in another; otherwise the run ``run_id``.
     """
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -223,7 +264,9 @@ def read_events(path: str | os.PathLike[str], run_id: str | None = None) -> list
     ]
     runs = ", ".join(f"'{run}'" for run in dict.fromkeys(e.get("run_id") for e in events))
     if run_id is None:
-        started = [e for e in events if e["event"] == "iteration_started"]
+        started = [
+            e for e in events if e["event"] == "iteration_started" and not e.get("parent_run_id")
+        ]
         if not started:
             raise IterflowValueError(
                 f"event log '{path}' has no iteration_started event to find its last run by; "
@@ -234,7 +277,11 @@ def read_events(path: str | os.PathLike[str], run_id: str | None = None) -> list
         raise IterflowValueError(
             f"event log '{path}' has no run '{run_id}'; runs in it: {runs or 'none'}"
         )
-    return [event for event in events if event.get("run_id") == run_id]
+    family = {run_id}
+    for event in events:  # a nested run starts after the run it is nested in
+        if event["event"] == "iteration_started" and event.get("parent_run_id") in family:
+            family.add(event.get("run_id"))
+    return [event for event in events if event.get("run_id") in family]
 
 
 def _parse_line(line: str, path: str | os.PathLike[str], number: int) -> dict[str, Any]:

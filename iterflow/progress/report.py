@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from iterflow.errors import IterflowValueError
-from iterflow.progress.events import round_ends
+from iterflow.progress.events import main_run, nested_round_ends, round_ends
 
 #: Round table headers for the RoundProgress fields; other columns keep their name.
 _LABELS = {
@@ -78,7 +78,13 @@ def format_report(events: Sequence[Mapping[str, Any]]) -> str:
     Columns that no round has a value for are left out.
     """
     rounds = round_ends(events)
-    values = [round_values(e) for e in rounds]
+    nested = nested_round_ends(events)
+    # The rounds of runs nested in a round follow it, their epoch as a path: (3, 0).
+    ordered = sorted(
+        [(_path(e), e, False) for e in rounds] + [(_path(e), e, True) for e in nested],
+        key=lambda item: item[0],
+    )
+    values = [round_values(e) for _, e, _ in ordered]
     columns = [
         name
         for name in dict.fromkeys(name for row in values for name in row)
@@ -87,18 +93,32 @@ def format_report(events: Sequence[Mapping[str, Any]]) -> str:
     table = _table(
         ["epoch", *(_LABELS.get(name, name) for name in columns)],
         [
-            [_cell(e.get("epoch")), *(_cell(row.get(name)) for name in columns)]
-            for e, row in zip(rounds, values, strict=True)
+            [
+                str(path) if inner else _cell(e.get("epoch")),
+                *(_cell(row.get(name)) for name in columns),
+            ]
+            for (path, e, inner), row in zip(ordered, values, strict=True)
         ],
         align=">" * (len(columns) + 1),
     )
-    return "\n".join([*table, "", *_summary(events, rounds)]) + "\n"
+    return "\n".join([*table, "", *_summary(events, rounds, nested)]) + "\n"
+
+
+def _path(event: Mapping[str, Any]) -> tuple[int, ...]:
+    return tuple(event.get("epoch_path") or (event.get("epoch", 0),))
 
 
 def final_event(events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    """The ``iteration_terminated`` or ``iteration_failed`` event, or None while running."""
+    """The ``iteration_terminated`` or ``iteration_failed`` event of the run (not of a run
+    nested in it), or None while running."""
+    run = main_run(events)
     return next(
-        (e for e in events if e["event"] in ("iteration_terminated", "iteration_failed")), None
+        (
+            e
+            for e in events
+            if e["event"] in ("iteration_terminated", "iteration_failed") and e.get("run_id") == run
+        ),
+        None,
     )
 
 
@@ -112,8 +132,15 @@ def ending(events: Sequence[Mapping[str, Any]]) -> str:
     return f"failed at epoch {end.get('epoch')} ({end.get('error_type')})"
 
 
-def _summary(events: Sequence[Mapping[str, Any]], rounds: Sequence[Mapping[str, Any]]) -> list[str]:
-    started = next((e for e in events if e["event"] == "iteration_started"), {})
+def _summary(
+    events: Sequence[Mapping[str, Any]],
+    rounds: Sequence[Mapping[str, Any]],
+    nested: Sequence[Mapping[str, Any]],
+) -> list[str]:
+    run = main_run(events)
+    started = next(
+        (e for e in events if e["event"] == "iteration_started" and e.get("run_id") == run), {}
+    )
     end = final_event(events)
     durations = [e["duration_s"] for e in rounds if e.get("duration_s") is not None]
     total = end["duration_s"] if end and end.get("duration_s") is not None else sum(durations)
@@ -130,6 +157,9 @@ def _summary(events: Sequence[Mapping[str, Any]], rounds: Sequence[Mapping[str, 
         f"rounds: {(end or {}).get('rounds', len(rounds))}, {total:.3g} s in total{median}",
         f"ended: {ending(events)}{detail}",
     ]
+    if nested:
+        inner = {e.get("run_id") for e in nested}
+        lines.append(f"nested runs: {len(inner)}, {len(nested)} rounds in all")
     metrics: Mapping[str, Any] = (end.get("metrics") or {}) if end else {}
     if metrics:
         lines += ["", "metric totals:"]

@@ -137,7 +137,21 @@ def load_driver_state(raw: bytes) -> DriverState:
     """The driver state pickled by ``snapshot``, also when an older iterflow wrote it
     (classes that moved since are found where they are now)."""
     driver: DriverState = _DriverStateUnpickler(io.BytesIO(raw)).load()
+    for progress in driver.history:
+        _fill_defaults(progress)
     return driver
+
+
+def _fill_defaults(record: Any) -> None:
+    """Give ``record`` (an attrs value unpickled from an older iterflow) the default of
+    every field it was written without."""
+    for field in attrs.fields(type(record)):
+        if hasattr(record, field.name) or field.default is attrs.NOTHING:
+            continue
+        default = field.default
+        if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+            default = default.factory(record) if default.takes_self else default.factory()
+        object.__setattr__(record, field.name, default)
 
 
 def snapshot(driver: DriverState, epoch: int) -> bytes:

@@ -36,6 +36,7 @@ from iterflow.runtime.driver_variables import DriverVariables
 from iterflow.runtime.materialize import Materialized, materialize, persist_owned, release
 from iterflow.runtime.round_context import CacheRegistry, SparkRoundScope
 from iterflow.runtime.run_observers import RunObservers
+from iterflow.runtime.sinks import Sink
 from iterflow.termination import Condition
 
 
@@ -169,6 +170,7 @@ class Round:
     started_at: datetime
     clock: float  # time.perf_counter() at its start
     resident: bool  # its kernels ran on resident data
+    path: tuple[int, ...]  # the epochs of the rounds it runs inside (nested runs)
 
     @property
     def elapsed_s(self) -> float:
@@ -185,6 +187,7 @@ class Round:
             rows=self.evaluated.rows,
             observed=self.scope.observed(),
             resident=self.resident,
+            epoch_path=(*self.path, self.epoch),
             **fields,
         )
 
@@ -253,7 +256,17 @@ class RoundCycle:
             started_at=started_at,
             clock=clock,
             resident=self.caches.resident_calls > calls,
+            path=self.loop.observers.path,
         )
+
+    def write_sinks(self, rnd: Round, sinks: Mapping[str, Sink]) -> None:
+        """Write the round's outputs to their ``sinks`` (before the round counts)."""
+        outputs, rows = rnd.evaluated.outputs, rnd.evaluated.rows
+        for name, sink in sinks.items():
+            try:
+                sink.write(outputs[name], rnd.epoch, rows[name])
+            except Exception as exc:
+                fail(rnd.epoch, f"sink '{name}'", exc)
 
     def record(
         self, rnd: Round, progress: RoundProgress, conditions: tuple[Condition, ...]

@@ -129,10 +129,15 @@ class DeclarationCheck:
                 f"{where}: input '{name}' is bound with state=True but the body declares no "
                 f"feedback for it; return feedback={{'{name}': ...}} or drop state=True"
             )
+        return self.check_sinks(epoch, sinks, plan)
+
+    def check_sinks(self, epoch: int, sinks: Collection[str], plan: RoundPlan) -> RoundPlan:
+        """``plan``, when the round declared an output for every sink."""
         outputs = plan.declaration.outputs
         for name in sorted(set(sinks) - set(outputs)):
             raise IterflowValueError(
-                f"{where}: sink '{name}' has no output '{name}'; the body's outputs are "
-                f"{sorted(outputs)}. Declare it in outputs= or sink one of those"
+                f"epoch {epoch}: body '{self.body_name}': sink '{name}' has no output "
+                f"'{name}'; the body's outputs are {sorted(outputs)}. Declare it in outputs= "
+                "or sink one of those"
             )
         return plan

@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import partial
 from typing import Any
 
@@ -55,12 +56,31 @@ def _open_log(path: str | os.PathLike[str] | None) -> EventLog | None:
         ) from exc
 
 
+#: The rounds running on this thread, outermost first: (the run's observers, epoch). A run
+#: started inside one of them (by a body or a listener) is nested in the last.
+_RUNNING: ContextVar[tuple[tuple[RunObservers, int], ...]] = ContextVar(
+    "iterflow_running_rounds", default=()
+)
+
+
+def enclosing_round() -> tuple[int, ...] | None:
+    """The epoch path of the round a run started now is nested in, or None (not nested)."""
+    running = _RUNNING.get()
+    if not running:
+        return None
+    observers, epoch = running[-1]
+    return (*observers.path, epoch)
+
+
 #: How unbounded runs execute kernels: each epoch's are jobs of its micro-batch.
 UNBOUNDED = Residency("jobs", "unbounded iterations run kernels as Spark jobs of each epoch")
 
 
 class RunObservers:
     """The observers of one run."""
+
+    _log: EventLog | None
+    _bar: ProgressBar
 
     def __init__(
         self,
@@ -74,15 +94,30 @@ class RunObservers:
         self.run_id = uuid.uuid4().hex[:12]
         self._context = spark_context(spark)
         self._clock = time.perf_counter()
-        self._log = _open_log(options.event_log)
+        running = _RUNNING.get()
+        # A run inside a round of another: its epochs are paths below that round's, it
+        # logs to the outer run's event log unless given its own, and its bar goes below.
+        self.parent: RunObservers | None = running[-1][0] if running else None
+        self.path: tuple[int, ...] = enclosing_round() or ()
+        parent = self.parent
+        self._owns_log = options.event_log is not None or parent is None
+        self._log = parent._log if parent is not None and not self._owns_log else None
+        if self._owns_log:
+            self._log = _open_log(options.event_log)
         self.metrics = REGISTRY.begin_run(
             iteration=iteration,
             run_id=self.run_id,
             executor_states=partial(BRIDGE.executor_states, self.run_id),
             forget=partial(BRIDGE.forget, self.run_id),
         )
+        shown = options.progress
+        if shown is None and parent is not None:
+            shown = parent._bar.enabled
         self._bar = ProgressBar(
-            iteration, max_rounds=max_rounds_of(static_conditions), enabled=options.progress
+            iteration,
+            max_rounds=max_rounds_of(static_conditions),
+            enabled=shown,
+            position=len(self.path),
         )
         self._pusher = MetricsPusher(self.metrics.snapshot, options.sinks)
         self._pusher.start()
@@ -111,6 +146,8 @@ class RunObservers:
         """
         if resumed_from is not None:
             self._bar.resume(resumed_from + 1)
+        if self.parent is not None:
+            self.parent.flush_start()  # the outer run's start comes first in the log
         if self._log is not None:
             log = self._log
             described: dict[str, Any] = {
@@ -119,6 +156,8 @@ class RunObservers:
                 "resumed_from": resumed_from,
                 "inputs": describe_inputs(inputs, replay),
                 "conditions": [c.describe() for c in conditions],
+                "parent_run_id": None if self.parent is None else self.parent.run_id,
+                "epoch_path": self.path,
             }
             self._pending_start = lambda: log.iteration_started(
                 **described, resident=(resident() if resident else UNBOUNDED).describe()
@@ -134,8 +173,12 @@ class RunObservers:
     def round(self, epoch: int) -> Iterator[None]:
         """Round ``epoch`` runs inside: metric updates and Spark jobs count toward it."""
         self.metrics.start_round(epoch)
-        with BRIDGE.round_property(self._context, self.run_id, epoch):
-            yield
+        token = _RUNNING.set((*_RUNNING.get(), (self, epoch)))
+        try:
+            with BRIDGE.round_property(self._context, self.run_id, epoch):
+                yield
+        finally:
+            _RUNNING.reset(token)
 
     def complete(
         self,
@@ -223,5 +266,8 @@ class RunObservers:
             self._pusher.stop()
         finally:
             REGISTRY.end_run(self.metrics)
-            if self._log is not None:
+            if self.parent is not None:
+                # What the nested run committed counts toward the outer run's round.
+                self.metrics.roll_up(self.parent.metrics)
+            if self._log is not None and self._owns_log:
                 self._log.close()

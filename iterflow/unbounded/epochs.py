@@ -32,16 +32,16 @@ from iterflow.errors import IterflowError
 from iterflow.progress.listeners import ListenerSet
 from iterflow.records import Termination
 from iterflow.runtime.checkpoint import Checkpointing
-from iterflow.runtime.cycle import LoopState, RoundCycle, fail
+from iterflow.runtime.cycle import LoopState, RoundCycle
 from iterflow.runtime.declaration import DeclarationCheck
 from iterflow.runtime.driver_variables import DRIVER_ROWS
 from iterflow.runtime.jvm import in_session
 from iterflow.runtime.materialize import observe_rows, observed_rows, unique_observation
 from iterflow.runtime.round_context import CacheRegistry
 from iterflow.runtime.run_observers import RunObservers
+from iterflow.runtime.sinks import Sink
 from iterflow.unbounded import epoch_log
 from iterflow.unbounded.inputs import Chunks, split
-from iterflow.unbounded.sinks import Sink
 
 #: Per-epoch progress kept in memory and in the epoch log.
 RECENT_EPOCHS = 1_000
@@ -221,12 +221,8 @@ class EpochLoop:
                 partial(self.loop.check.check_unbounded, epoch, self.state_names, self.sinks),
                 self.state_names,
             )
-            rows, results = rnd.evaluated.rows, rnd.evaluated.outputs
-            for name, sink in self.sinks.items():
-                try:
-                    sink.write(results[name], epoch, rows[name])
-                except Exception as exc:
-                    fail(epoch, f"sink '{name}'", exc)
+            results = rnd.evaluated.outputs
+            self.cycle.write_sinks(rnd, self.sinks)
             progress = rnd.progress(
                 batch_id=batch_id,
                 input_rows={n: observed_rows(o) if new else 0 for n, o in observations.items()},

@@ -11,7 +11,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from iterflow.body import IterationBody
 from iterflow.builder import Binding, IterationBuilder, at_least_one, check_progress_option
-from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
+from iterflow.errors import IterflowError, IterflowValueError
 from iterflow.runtime.checkpoint import CheckpointOptions
 from iterflow.runtime.driver_variables import driver_rows
 from iterflow.runtime.files import files_for
@@ -20,7 +20,6 @@ from iterflow.runtime.schema import describe_inputs
 from iterflow.unbounded.epochs import EpochLoop, EpochOptions
 from iterflow.unbounded.inputs import combined
 from iterflow.unbounded.query import UnboundedQuery
-from iterflow.unbounded.sinks import Sink, sink_of
 
 #: Under ``checkpoint_location``: Spark's own streaming checkpoint, and iterflow's epoch log.
 STREAM_DIR = "stream"
@@ -48,7 +47,6 @@ class UnboundedIteration(IterationBuilder):
 
     def __init__(self, iteration_body: IterationBody | Callable[..., Any]) -> None:
         super().__init__(iteration_body)
-        self._sinks_by_output: dict[str, Sink] = {}
 
     def bind(self, name: str, data: Any, *, state: bool = False) -> UnboundedIteration:
         """Bind input ``name`` to a streaming DataFrame, or to a batch one.
@@ -60,23 +58,6 @@ class UnboundedIteration(IterationBuilder):
         epoch and is never work in flight.
         """
         self._bind(Binding(name, data, state=bool(state)))
-        return self
-
-    def sink(self, name: str, target: Any) -> UnboundedIteration:
-        """Send output ``name`` of every epoch to ``target``.
-
-        ``target`` is an ``itf.FileSink(path, format=...)`` (exactly once, crashes
-        included) or a function ``(df, epoch) -> None``, called at least once per
-        epoch and again with the same epoch and rows after a crash: make it
-        idempotent per epoch.
-        """
-        if not isinstance(name, str) or not name:
-            raise IterflowTypeError(f"sink() takes an output name (str), got {name!r}")
-        if name in self._sinks_by_output:
-            raise IterflowValueError(
-                f"sink('{name}'): output '{name}' has a sink already; one sink per output"
-            )
-        self._sinks_by_output[name] = sink_of(name, target)
         return self
 
     def start(

@@ -55,6 +55,20 @@ class UnboundedQuery:
         return self.history
 
     @property
+    def emitted(self) -> dict[str, list[Any]]:
+        """Values listeners emitted with ``ctx.emit(name, value)``, by name, as on
+        ``IterationResult.emitted`` (restored from the checkpoint on a restart)."""
+        values = self._loop.loop.emitter.values
+        return {k: list(v) for k, v in list(values.items())}
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """The user metrics of this query, name -> ``MetricResult``, as on
+        ``IterationResult.metrics``: the totals so far while it runs, the final ones
+        once it has ended."""
+        return self._loop.loop.observers.metrics.totals()
+
+    @property
     def termination(self) -> Termination | None:
         """Why the iteration ended (``"inputs_ended"`` or ``"stopped"``); None while running."""
         return self._termination

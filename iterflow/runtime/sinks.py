@@ -1,4 +1,8 @@
-"""Where an unbounded iteration's outputs go, epoch by epoch, exactly once.
+"""Where an iteration's outputs go, epoch by epoch (round by round), exactly once.
+
+Both loops take sinks through ``.sink(name, target)``: an unbounded iteration
+writes every epoch's output, a bounded one every round's (``result.outputs`` still
+holds only the last round's).
 
 ``FileSink`` writes each epoch's rows of an output to its own directory,
 ``<path>/epoch=<n>``, replacing whatever an interrupted earlier attempt left
@@ -10,6 +14,11 @@ A callable sink ``(df, epoch) -> None`` is called at least once per epoch; after
 a crash it is called again with the same epoch and rows, so it must be
 idempotent per epoch (e.g. a MERGE keyed by epoch, or an overwrite of the
 epoch's partition).
+
+Where a run starts decides what a ``FileSink`` keeps: a bounded run that starts
+fresh deletes every ``epoch=<n>`` directory under its path, and one that resumes
+from a checkpoint (or rolls back to one) deletes the epochs after it, which run
+again; an unbounded query drops the epochs after its last commit.
 """
 
 from __future__ import annotations

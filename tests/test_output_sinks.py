@@ -1,0 +1,95 @@
+"""Output sinks of bounded iterations: every round's output, each epoch exactly once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+import iterflow as itf
+
+pytestmark = pytest.mark.spark
+
+
+@itf.body
+def shift(x):  # type: ignore[no-untyped-def]
+    # Row i of round k holds (i, i * 3 + k + 1): each round's rows differ.
+    nxt = x.selectExpr("id", "v + 1 AS v")
+    return itf.Declaration(feedback={"x": nxt}, outputs={"x": nxt, "total": nxt.agg({"v": "sum"})})
+
+
+def start(spark: SparkSession) -> DataFrame:
+    return spark.createDataFrame([(i, i * 3) for i in range(5)], "id INT, v LONG")
+
+
+def expected(rounds: int) -> list[tuple[int, int, int]]:
+    return sorted((k, i, i * 3 + k + 1) for k in range(rounds) for i in range(5))
+
+
+def written(spark: SparkSession, path: Path) -> list[tuple[int, int, int]]:
+    return sorted((r["epoch"], r["id"], r["v"]) for r in spark.read.parquet(str(path)).collect())
+
+
+def test_every_rounds_output_is_written_once_with_its_epoch(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    stale = tmp_path / "x" / "epoch=99"
+    stale.mkdir(parents=True)
+    (stale / "part-0.parquet").write_bytes(b"left by an earlier run")
+    (tmp_path / "x" / "_NOTES").write_text("not an epoch: kept")
+    calls: list[tuple[int, int]] = []
+    result = (
+        itf.BoundedIteration(shift)
+        .bind("x", start(spark))
+        .until(itf.max_rounds(20))
+        .sink("x", itf.FileSink(str(tmp_path / "x")))
+        .sink("total", lambda df, epoch: calls.append((epoch, df.first()[0])))
+        .run()
+    )
+    assert result.rounds == 20
+    assert written(spark, tmp_path / "x") == expected(20)  # the stale epoch is gone
+    assert (tmp_path / "x" / "_NOTES").exists()
+    assert calls == [(k, sum(i * 3 + k + 1 for i in range(5))) for k in range(20)]
+    # result.outputs keeps its meaning: the last round's.
+    assert sorted(r["v"] for r in result.outputs["x"].collect()) == [i * 3 + 20 for i in range(5)]
+    result.release()
+
+
+def test_a_resumed_run_writes_the_rounds_after_its_checkpoint_once(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    sink = itf.FileSink(str(tmp_path / "x"))
+
+    def run(rounds: int) -> itf.IterationResult:
+        return (
+            itf.BoundedIteration(shift)
+            .bind("x", start(spark))
+            .until(itf.max_rounds(rounds))
+            .sink("x", sink)
+            .run(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2)
+        )
+
+    run(5).release()
+    # A crashed attempt of epoch 6 left other rows: the resumed run replaces them.
+    garbage = tmp_path / "x" / "epoch=6"
+    spark.createDataFrame([(9, 9)], "id INT, v LONG").write.mode("overwrite").parquet(str(garbage))
+    more = run(9)  # "train 4 more rounds": resumes after epoch 4
+    assert more.resumed_from == 4 and more.rounds == 9
+    assert written(spark, tmp_path / "x") == expected(9)
+    more.release()
+
+
+def test_a_sink_needs_an_output_of_its_name(spark: SparkSession, tmp_path: Path) -> None:
+    iteration = (
+        itf.BoundedIteration(shift)
+        .bind("x", start(spark))
+        .until(itf.max_rounds(2))
+        .sink("nope", itf.FileSink(str(tmp_path / "nope")))
+    )
+    with pytest.raises(itf.IterflowError, match=r"epoch 0.*sink 'nope' has no output 'nope'"):
+        iteration.run()
+    with pytest.raises(itf.IterflowError, match="'x' has a sink already"):
+        iteration.sink("x", itf.FileSink(str(tmp_path / "a"))).sink("x", print)
+    with pytest.raises(itf.IterflowError, match=r"takes itf\.FileSink"):
+        iteration.sink("total", 42)
