@@ -436,3 +436,19 @@ def test_driver_states_written_before_classes_moved_still_load() -> None:
     assert old != raw and b"iterflow.records\nRoundProgress" not in old
     loaded = load_driver_state(old)
     assert loaded.history == [progress] and loaded.stream == position
+
+
+def test_progress_pickled_before_epoch_paths_existed_gets_its_default() -> None:
+    from datetime import datetime, timezone
+
+    from iterflow.records import RoundProgress
+    from iterflow.runtime.checkpoint import _fill_defaults
+
+    progress = RoundProgress(
+        epoch=4, epoch_watermark=4, started_at=datetime.now(timezone.utc), duration_s=0.1
+    )
+    assert progress.epoch_path == (4,)
+    object.__delattr__(progress, "epoch_path")  # as unpickled from an older iterflow
+    assert not hasattr(progress, "epoch_path")
+    _fill_defaults(progress)
+    assert progress.epoch_path == (4,) and progress.resident is False

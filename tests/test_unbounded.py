@@ -355,10 +355,15 @@ def test_epochs_report_metrics_and_write_the_event_log(spark, tmp_path):
         itf.UnboundedIteration(summing)
         .bind("total", spark.createDataFrame([(0,)], "total long"), state=True)
         .bind("numbers", numbers_stream(spark, tmp_path / "in"))
+        .listen(lambda ctx: ctx.emit("epochs", ctx.epoch))
         .start(checkpoint_location=str(tmp_path / "ckpt"), available_now=True, event_log=str(log))
     )
     assert query.await_termination(timeout=120)
     assert [p.metrics["numbers_seen"] for p in query.progress] == [3, 1, 2]
+    # What IterationResult has, the query has too.
+    assert query.emitted == {"epochs": [0, 1, 2]}
+    assert query.metrics["numbers_seen"].committed == 6
+    assert query.metrics["numbers_seen"].attempted == 6
     events = read_events(log)
     assert [e["event"] for e in events] == ["iteration_started"] + ["round_end"] * 3 + [
         "iteration_terminated"
