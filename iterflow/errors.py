@@ -53,13 +53,19 @@ class RoundError(IterflowError):
     """Something raised inside round ``epoch``: the body, a listener or a Spark job.
 
     The original exception is chained as ``__cause__``; ``stage`` says where it
-    happened (``"body"``, ``"materialization"``, ``"listener 'name'"``...).
+    happened (``"body"``, ``"materialization"``, ``"listener 'name'"``...). In a run
+    nested in a round of another, ``epoch_path`` places it (``(3, 0)``), and the
+    message says so.
     """
 
-    def __init__(self, epoch: int, stage: str, cause: BaseException) -> None:
-        super().__init__(f"epoch {epoch} failed in {stage}: {type(cause).__name__}: {gist(cause)}")
+    def __init__(
+        self, epoch: int, stage: str, cause: BaseException, path: tuple[int, ...] = ()
+    ) -> None:
+        where = f"epoch {epoch}" if len(path) < 2 else f"epoch {epoch} (epoch path {path})"
+        super().__init__(f"{where} failed in {stage}: {type(cause).__name__}: {gist(cause)}")
         self.epoch = epoch
         self.stage = stage
+        self.epoch_path = path or (epoch,)
 
 
 class IterflowWarning(UserWarning):

@@ -205,3 +205,36 @@ def test_a_nested_runs_bar_follows_the_outer_runs(spark: SparkSession) -> None:
         .release()
     )
     assert shown == [False]  # the outer run shows no bar: neither does the nested one
+
+
+def test_a_failing_nested_round_names_its_epoch_path(spark: SparkSession, tmp_path: Path) -> None:
+    @itf.body
+    def inner(y, ctx):  # type: ignore[no-untyped-def]
+        if ctx.epoch == 1:
+            raise ValueError("no step size left")
+        return itf.Declaration(feedback={"y": y}, outputs={"y": y})
+
+    @itf.body
+    def outer(x, ctx):  # type: ignore[no-untyped-def]
+        if ctx.epoch == 2:
+            itf.BoundedIteration(inner).bind("y", x).until(itf.max_rounds(3)).run()
+        return itf.Declaration(feedback={"x": x}, outputs={"x": x})
+
+    log = tmp_path / "events.jsonl"
+    with pytest.raises(
+        itf.RoundError, match=r"epoch 1 \(epoch path \(2, 1\)\) failed in body"
+    ) as e:
+        (
+            itf.BoundedIteration(outer)
+            .bind("x", spark.createDataFrame([(1.0,)], "v DOUBLE"))
+            .until(itf.max_rounds(4))
+            .run(event_log=str(log))
+        )
+    assert e.value.epoch == 1 and e.value.epoch_path == (2, 1)
+    events = read_events(log)
+    failed = [
+        (ev["run_id"] == events[0]["run_id"], ev["epoch"])
+        for ev in events
+        if ev["event"] == "iteration_failed"
+    ]
+    assert failed == [(False, 1), (True, 2)]  # the nested run, then the outer one

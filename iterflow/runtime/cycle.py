@@ -35,7 +35,7 @@ from iterflow.runtime.declaration import DeclarationCheck, RoundPlan
 from iterflow.runtime.driver_variables import DriverVariables
 from iterflow.runtime.materialize import Materialized, materialize, persist_owned, release
 from iterflow.runtime.round_context import CacheRegistry, SparkRoundScope
-from iterflow.runtime.run_observers import RunObservers
+from iterflow.runtime.run_observers import RunObservers, enclosing_round
 from iterflow.runtime.sinks import Sink
 from iterflow.termination import Condition
 
@@ -44,7 +44,8 @@ def fail(epoch: int, stage: str, exc: BaseException) -> NoReturn:
     """Re-raise ``exc`` from round ``epoch``; iterflow's own errors pass unchanged."""
     if isinstance(exc, IterflowError):
         raise exc
-    raise RoundError(epoch, stage, exc) from exc
+    path = enclosing_round() or ()
+    raise RoundError(epoch, stage, exc, path if path[-1:] == (epoch,) else ()) from exc
 
 
 @attrs.define(kw_only=True)
