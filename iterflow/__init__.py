@@ -20,6 +20,7 @@ from iterflow.bounded import BoundedIteration, IterationResult
 from iterflow.errors import DivergenceError, IterflowError, IterflowWarning, RoundError
 from iterflow.progress import IterationEnd, RoundEnd, RoundListener, RoundProgress
 from iterflow.records import Termination
+from iterflow.runtime.combine import CombineFn, combine
 from iterflow.runtime.driver_variables import to_arrow, vector, vector_cell
 from iterflow.runtime.session import session
 from iterflow.termination import Condition, converged, empty, max_rounds, until
@@ -29,6 +30,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BoundedIteration",
+    "CombineFn",
     "Condition",
     "Declaration",
     "DivergenceError",
@@ -48,6 +50,7 @@ __all__ = [
     "UnboundedQuery",
     "__version__",
     "body",
+    "combine",
     "converged",
     "empty",
     "max_rounds",

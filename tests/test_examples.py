@@ -1,4 +1,4 @@
-"""The README's example runs and gives the right components."""
+"""The README's example and the guide's runnable examples give the right results."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import runpy
 from pathlib import Path
 
 import networkx as nx
+import numpy as np
 import pytest
 from pyspark.sql import SparkSession
 
@@ -25,4 +26,58 @@ def test_connected_components_example_matches_networkx(spark: SparkSession) -> N
     assert got == expected
     assert result.termination.reason == "criteria_empty"
     assert result.rounds == 3  # labels settle in round 1, round 2 changes nothing
+    result.release()
+
+
+GUIDE = EXAMPLES.parent / "docs" / "guide.md"
+
+
+def guide_example(section: str) -> str:
+    """The first Python block under the ``## section`` heading of docs/guide.md."""
+    text = GUIDE.read_text().split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return text.split("```python\n", 1)[1].split("\n```", 1)[0]
+
+
+def numpy_em(x, weights, means, covs, rounds):
+    """Gaussian-mixture EM in numpy and scipy: the model after ``rounds`` steps, and the
+    log-likelihood under the model the last step started from."""
+    from scipy.stats import multivariate_normal
+
+    for _ in range(rounds):
+        joint = np.column_stack(
+            [
+                w * multivariate_normal(m, c).pdf(x)
+                for w, m, c in zip(weights, means, covs, strict=True)
+            ]
+        )
+        loglik = np.log(joint.sum(axis=1)).sum()
+        r = joint / joint.sum(axis=1, keepdims=True)
+        n = r.sum(axis=0)
+        means = (r.T @ x) / n[:, None]
+        covs = np.array(
+            [(r[:, k] * (x - means[k]).T) @ (x - means[k]) / n[k] for k in range(len(n))]
+        )
+        weights = n / n.sum()
+    return weights, means, covs, loglik
+
+
+def test_the_guides_gaussian_mixture_matches_numpy(spark: SparkSession) -> None:
+    code = guide_example("Custom aggregates: itf.combine")
+    scope: dict = {"__name__": "guide_example"}
+    exec(compile(code, f"{GUIDE}: Custom aggregates", "exec"), scope)
+    result, k, d = scope["result"], scope["K"], scope["D"]
+    start = scope["start"].collect()[0]
+    weights, means, covs, loglik = numpy_em(
+        scope["x"],
+        np.array(start["weights"]),
+        np.reshape(start["means"], (k, d)),
+        np.reshape(start["covs"], (k, d, d)),
+        result.rounds,
+    )
+    fitted = scope["fitted"]
+    assert result.rounds == 25
+    np.testing.assert_allclose(fitted["weights"], weights, rtol=1e-9)
+    np.testing.assert_allclose(np.reshape(fitted["means"], (k, d)), means, rtol=1e-9)
+    np.testing.assert_allclose(np.reshape(fitted["covs"], (k, d, d)), covs, rtol=1e-9, atol=1e-12)
+    assert fitted["loglik"] == pytest.approx(loglik, rel=1e-12)
     result.release()

@@ -96,6 +96,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 EXCEPTIONS: dict[tuple[str, str], str] = {
     ("iterflow.__init__", "iterflow.runtime.driver_variables"): "exports itf.to_arrow",
     ("iterflow.__init__", "iterflow.runtime.session"): "exports itf.session",
+    ("iterflow.__init__", "iterflow.runtime.combine"): "exports itf.CombineFn and itf.combine",
     ("iterflow.cli", "iterflow.runtime.session"): "the demos start an embedded session",
     ("iterflow.cli", "iterflow.runtime.jvm"): "quiets Spark's log on a classic session",
     ("iterflow.testing.plugin", "iterflow.runtime.session"): "the fixture starts a session",

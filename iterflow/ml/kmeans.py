@@ -2,12 +2,13 @@
 
 The variable is the model, one row: the k centroids (flattened), the cost of the
 round that made them and how far the farthest centroid moved. The points are a
-data input written once as Arrow files (``RoundContext.columnar``), as a
-``(n, d)`` float64 matrix per partition, so they cross from the JVM to Python
-once per run. Every round one numpy kernel per file assigns its points to the
-nearest centroid and adds them up per cluster; one task sums the partials and
-moves every centroid to the mean of its points (a centroid without points stays
-where it is, as in Spark MLlib).
+data input held for the whole run (``RoundContext.columnar``), as a ``(n, d)``
+float64 matrix per partition, so they cross from the JVM to Python once per run.
+Every round is one ``itf.combine`` of ``LloydStep``: per partition, numpy assigns
+the points to the nearest centroid and adds them up per cluster (the
+accumulator); the accumulators are summed in partition order, and every centroid
+moves to the mean of its points (a centroid without points stays where it is,
+as in Spark MLlib).
 
 It stops after ``max_rounds`` rounds, or when no centroid moved more than
 ``tol`` (termination ``converged``). The cost of each round (the sum of squared
@@ -28,7 +29,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, IntegerType, NumericType, StructField, StructType
 
 import iterflow as itf
-from iterflow.ml.model import Fitted, MLError, model_field
+from iterflow.ml.model import Fitted, MLError, ModelStep, model_field
 from iterflow.runtime.jvm import is_classic
 
 MODEL_SCHEMA = "centroids ARRAY<DOUBLE>, cost DOUBLE, shift DOUBLE"
@@ -67,20 +68,26 @@ def nearest(points: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.n
     return chosen, np.maximum(best + np.einsum("ij,ij->i", points, points), 0.0)
 
 
-def partial_sums(table: pa.Table, centroids: np.ndarray) -> pa.Table:
-    """Kernel: per cluster, the sum and the number of this partition's nearest points."""
-    k, dims = centroids.shape
-    points = table["x"].to_numpy().reshape(-1, dims)
+def cluster_sums(points: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Per cluster, the sum ``(k, dims)`` and the number ``(k,)`` of the points nearest to its
+    centroid, and the cost of the points (the sum of their squared distances)."""
+    k = len(centroids)
     chosen, distance = nearest(points, centroids)
     member = np.zeros((len(points), k))  # one-hot: point i belongs to cluster chosen[i]
     member[np.arange(len(points)), chosen] = 1.0
-    sums = member.T @ points
-    counts = np.bincount(chosen, minlength=k)
+    return member.T @ points, np.bincount(chosen, minlength=k), float(distance.sum())
+
+
+def partial_sums(table: pa.Table, centroids: np.ndarray) -> pa.Table:
+    """Kernel: the ``PARTIAL_SCHEMA`` row of the points of ``table`` (its column ``x``)."""
+    sums, counts, cost = cluster_sums(
+        table["x"].to_numpy().reshape(-1, centroids.shape[1]), centroids
+    )
     return pa.table(
         [
             itf.vector_cell(sums.ravel()),
             itf.vector_cell(counts.astype(np.int64)),
-            pa.array([float(distance.sum())]),
+            pa.array([cost]),
         ],
         names=["sums", "counts", "cost"],
     )
@@ -100,21 +107,39 @@ def add_partials(
     return sums, counts, cost
 
 
-def lloyd_step(centroids: np.ndarray, loss: Any) -> Callable[[Iterator[pa.RecordBatch]], Any]:
-    """Kernel over all partials: every centroid moves to the mean of its points."""
-    k, dims = centroids.shape
+class LloydStep(ModelStep):
+    """One round of Lloyd's algorithm from ``centroids``: the accumulator is per cluster the
+    sum and the number of its points, and their cost; the output is the model row with
+    every centroid moved to the mean of its points (the cost goes to the ``loss`` gauge)."""
 
-    def finish(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        sums, counts, cost = add_partials(batches, k, dims)
+    def __init__(self, centroids: np.ndarray, loss: Any) -> None:
+        super().__init__(loss)
+        self.centroids = centroids
+
+    def create_accumulator(self) -> tuple[Any, ...]:
+        k, dims = self.centroids.shape
+        return np.zeros((k, dims)), np.zeros(k), 0.0
+
+    def add_input(self, acc: tuple[Any, ...], batch: pa.RecordBatch) -> Any:
+        points = batch.column("x").to_numpy().reshape(-1, self.centroids.shape[1])
+        return tuple(a + b for a, b in zip(acc, cluster_sums(points, self.centroids), strict=True))
+
+    def merge_accumulators(self, accs: list[tuple[Any, ...]]) -> Any:
+        merged = self.create_accumulator()
+        for acc in accs:
+            merged = tuple(a + b for a, b in zip(merged, acc, strict=True))
+        return merged
+
+    def extract_output(self, acc: tuple[Any, ...]) -> pa.Table:
+        sums, counts, cost = acc
+        centroids = self.centroids
         moved = np.where(counts[:, None] > 0, sums / np.maximum(counts, 1)[:, None], centroids)
         shift = float(np.sqrt(((moved - centroids) ** 2).sum(axis=1)).max())
-        loss.set(cost)
-        yield from pa.table(
+        self.loss.set(cost)
+        return pa.table(
             [itf.vector_cell(moved.ravel()), pa.array([cost]), pa.array([shift])],
             names=["centroids", "cost", "shift"],
-        ).to_batches()
-
-    return finish
+        )
 
 
 #: How many points k-means++ seeding picks its centroids from (a seeded sample).
@@ -143,13 +168,10 @@ def kmeans_body(k: int, dims: int, features: Sequence[str] | str, tol: float | N
     @itf.body
     def kmeans_step(model: DataFrame, points: DataFrame, ctx: itf.RoundContext) -> itf.Declaration:
         centroids = model_centroids(model, dims)  # held on the driver: no Spark job
-        new_model = ctx.columnar(points, prepare).map(
-            partial_sums,
-            PARTIAL_SCHEMA,
-            centroids,
-            combine=lloyd_step(centroids, loss),
-            combine_schema=MODEL_SCHEMA,
-        )
+        # depth 1: the accumulators of columnar data meet in one place (the driver, or one
+        # task), where a tree would only change the order of the sums.
+        step = LloydStep(centroids, loss)
+        new_model = itf.combine(ctx.columnar(points, prepare), step, MODEL_SCHEMA, depth=1)
         return itf.Declaration(
             feedback={"model": new_model},
             outputs={"model": new_model},

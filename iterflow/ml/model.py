@@ -1,7 +1,10 @@
-"""What every iterflow.ml trainer shares: its error type, one-row vectors, fitted models."""
+"""What every iterflow.ml trainer shares: its error type, one-row models, the CombineFn
+base of its round, fitted models."""
 
 from __future__ import annotations
 
+import pickle
+import warnings
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -27,6 +30,28 @@ def model_field(column: str) -> Any:
         return float(model_row(end.variables["model"])[column])
 
     return value
+
+
+class ModelStep(itf.CombineFn):
+    """The base of a trainer's round, one ``itf.combine``: ``loss`` is the gauge that its
+    ``extract_output`` sets with the round's loss."""
+
+    def __init__(self, loss: Any) -> None:
+        self.loss = loss
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tasks carry this object to feed accumulators, which never touch the gauge: only
+        # extract_output does, on the driver for a model iterflow holds there (a one-row
+        # model, unless spark.iterflow.driverRows is 0). Over Spark Connect a metric that
+        # tasks carry draws a warning that their updates are lost, so the gauge travels
+        # without it.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", itf.IterflowWarning)
+            loss = pickle.dumps(self.loss)
+        return {**self.__dict__, "loss": loss}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, loss=pickle.loads(state["loss"]))
 
 
 class Fitted:

@@ -2,11 +2,13 @@
 
 The variable is the model, one row: the coefficients (the intercept last), the
 loss at the coefficients the round started from, and how far the round moved
-them (L2 norm). The rows are a data input written once as Arrow files
+them (L2 norm). The rows are a data input held for the whole run
 (``RoundContext.columnar``): features as a float64 matrix, label and weight.
-Every round one numpy kernel per file adds up its rows' loss and gradient
-(all rows, or a seeded sample of ``batch_fraction`` of them: mini-batch); one
-task sums the partials and takes the step::
+Every round is one ``itf.combine`` of ``GradientStep``: per partition, numpy adds
+up the rows' loss and gradient (the accumulator: all rows, or a sample of
+``batch_fraction`` of them drawn from a stream seeded by the seed, the epoch and
+the partition: mini-batch); the accumulators are summed in partition order and
+the step is taken::
 
     w' = w - learning_rate * (gradient / total weight + reg * w)   (no penalty on the intercept)
 
@@ -24,7 +26,7 @@ termination ``converged``. A loss or step that becomes NaN or infinite raises
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -34,10 +36,12 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.ml.model import Fitted, MLError, model_field
+from iterflow.ml.model import Fitted, MLError, ModelStep, model_field
 
 MODEL_SCHEMA = "coefficients ARRAY<DOUBLE>, loss DOUBLE, change DOUBLE"
-PARTIAL_SCHEMA = "gradient ARRAY<DOUBLE>, loss DOUBLE, weight DOUBLE"
+#: The column that brings every row's partition to ``prepare``: a partition's mini-batch
+#: is drawn from a stream seeded by (seed, epoch, partition), the same on every path.
+PARTITION = "__partition"
 
 
 def design(
@@ -46,7 +50,8 @@ def design(
     weight: str | None,
     class_weight: Mapping[Any, float] | None,
 ) -> Callable[[pa.Table], pa.Table]:
-    """A ``columnar`` prepare step: ``x`` (each row's features), ``y`` and ``v`` (weights)."""
+    """A ``columnar`` prepare step: ``x`` (each row's features), ``y`` and ``v`` (weights),
+    and ``part`` (the row's partition)."""
 
     def prepare(table: pa.Table) -> pa.Table:
         x = np.column_stack(
@@ -65,80 +70,78 @@ def design(
         if (v < 0).any():
             raise MLError("row weights must not be negative")
         rows = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), len(features))
-        return pa.table({"x": rows, "y": y, "v": v})
+        return pa.table({"x": rows, "y": y, "v": v, "part": table[PARTITION]})
 
     return prepare
 
 
-def _scores(table: pa.Table, coefficients: np.ndarray) -> tuple[np.ndarray, ...]:
-    dims = len(coefficients) - 1
-    x = table["x"].combine_chunks().flatten().to_numpy().reshape(-1, dims)
-    return x, table["y"].to_numpy(), table["v"].to_numpy(), x @ coefficients[:-1] + coefficients[-1]
+class GradientStep(ModelStep):
+    """One step of gradient descent from ``coefficients`` (intercept last): the accumulator
+    is the summed gradient, loss and weight of the rows (of the round's mini-batch), and the
+    rows seen; the output is the model row after the step (the loss goes to the ``loss``
+    gauge)."""
 
+    def __init__(
+        self, kind: str, coefficients: np.ndarray, options: FitOptions, epoch: int, loss: Any
+    ) -> None:
+        super().__init__(loss)
+        self.kind = kind
+        self.coefficients = coefficients
+        self.learning_rate, self.reg = options.learning_rate, options.reg
+        self.fraction, self.seed, self.epoch = options.batch_fraction, options.seed, epoch
 
-def _sample(index: int, table: pa.Table, fraction: float, seed: int, epoch: int) -> pa.Table:
-    if fraction >= 1.0:
-        return table
-    keep = np.random.default_rng([seed, epoch, index]).random(table.num_rows) < fraction
-    return table.filter(pa.array(keep))
+    def create_accumulator(self) -> tuple[Any, ...]:
+        return np.zeros(len(self.coefficients)), 0.0, 0.0, 0
 
-
-def gradient_kernel(kind: str) -> Callable[..., pa.Table]:
-    """Kernel: one partition's summed gradient (intercept last), loss and weight."""
-
-    def kernel(
-        index: int,
-        table: pa.Table,
-        coefficients: np.ndarray,
-        fraction: float,
-        seed: int,
-        epoch: int,
-    ) -> pa.Table:
-        x, y, v, z = _scores(_sample(index, table, fraction, seed, epoch), coefficients)
-        if kind == "linear":
+    def add_input(self, acc: tuple[Any, ...], batch: pa.RecordBatch) -> tuple[Any, ...]:
+        gradient, loss, weight, seen = acc
+        coefficients = self.coefficients
+        x = batch.column("x").flatten().to_numpy().reshape(-1, len(coefficients) - 1)
+        y, v = batch.column("y").to_numpy(), batch.column("v").to_numpy()
+        if self.fraction < 1.0:
+            # The partition's stream continues from the rows of its earlier batches.
+            stream = np.random.PCG64([self.seed, self.epoch, batch.column("part")[0].as_py()])
+            stream.advance(seen)
+            keep = np.random.Generator(stream).random(batch.num_rows) < self.fraction
+            x, y, v = x[keep], y[keep], v[keep]
+        z = x @ coefficients[:-1] + coefficients[-1]
+        if self.kind == "linear":
             residual = z - y
-            loss = 0.5 * float(np.sum(v * residual**2))
+            part_loss = 0.5 * float(np.sum(v * residual**2))
             slope = v * residual
         else:
             sign = 2.0 * y - 1.0
-            loss = float(np.sum(v * np.logaddexp(0.0, -sign * z)))
+            part_loss = float(np.sum(v * np.logaddexp(0.0, -sign * z)))
             slope = v * (1.0 / (1.0 + np.exp(-z)) - y)
-        gradient = np.append(x.T @ slope, slope.sum())
-        return pa.table(
-            [itf.vector_cell(gradient), pa.array([loss]), pa.array([float(v.sum())])],
-            names=["gradient", "loss", "weight"],
+        return (
+            gradient + np.append(x.T @ slope, slope.sum()),
+            loss + part_loss,
+            weight + float(v.sum()),
+            seen + batch.num_rows,
         )
 
-    return kernel
+    def merge_accumulators(self, accs: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+        merged = self.create_accumulator()
+        for acc in accs:
+            merged = tuple(a + b for a, b in zip(merged, acc, strict=True))
+        return merged
 
-
-def descent_step(
-    coefficients: np.ndarray, learning_rate: float, reg: float, loss_gauge: Any
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """Kernel over all partials: one gradient step."""
-
-    def finish(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        gradient, loss, weight = np.zeros(len(coefficients)), 0.0, 0.0
-        for batch in batches:
-            for row in range(batch.num_rows):
-                gradient += batch.column(0)[row].values.to_numpy()
-            loss += float(np.sum(batch.column(1).to_numpy()))
-            weight += float(np.sum(batch.column(2).to_numpy()))
+    def extract_output(self, acc: tuple[Any, ...]) -> pa.Table:
+        gradient, loss, weight, _ = acc
+        coefficients, reg = self.coefficients, self.reg
         penalty = np.append(coefficients[:-1], 0.0)  # no penalty on the intercept
         total = max(weight, 1e-300)
         # A diverging run overflows here; the NaN or infinite change it gives is reported
         # as a DivergenceError naming the round, so numpy's warning would only be noise.
         with np.errstate(over="ignore", invalid="ignore"):
             loss = loss / total + 0.5 * reg * float(penalty @ penalty)
-            step = learning_rate * (gradient / total + reg * penalty)
+            step = self.learning_rate * (gradient / total + reg * penalty)
             change = float(np.linalg.norm(step))
-        loss_gauge.set(loss)
-        yield from pa.table(
+        self.loss.set(loss)
+        return pa.table(
             [itf.vector_cell(coefficients - step), pa.array([loss]), pa.array([change])],
             names=["coefficients", "loss", "change"],
-        ).to_batches()
-
-    return finish
+        )
 
 
 def coefficients_of(model: DataFrame) -> np.ndarray:
@@ -191,27 +194,25 @@ def regression_body(
     options: FitOptions, prepare: Callable[[pa.Table], pa.Table]
 ) -> itf.IterationBody:
     """The gradient-descent body: ``model`` (variable, one row) and ``rows`` (data)."""
-    kernel = gradient_kernel(options.kind)
     loss_gauge = itf.metrics.gauge("loss")
     # tol=None still checks the step: a NaN or infinite step is a DivergenceError.
     tol = options.tol if options.tol is not None else 0.0
+    # The rows with their partition, made once per run: ctx.columnar loads a DataFrame at
+    # its first call, and over Spark Connect it knows a DataFrame by the object alone.
+    numbered: dict[int, DataFrame] = {}
 
     @itf.body
     def gradient_descent(
         model: DataFrame, rows: DataFrame, ctx: itf.RoundContext
     ) -> itf.Declaration:
         current = coefficients_of(model)  # held on the driver: no Spark job
-        new_model = ctx.columnar(rows, prepare).map(
-            kernel,
-            PARTIAL_SCHEMA,
-            current,
-            options.batch_fraction,
-            options.seed,
-            ctx.epoch,
-            indexed=True,
-            combine=descent_step(current, options.learning_rate, options.reg, loss_gauge),
-            combine_schema=MODEL_SCHEMA,
-        )
+        if id(rows) not in numbered:
+            numbered[id(rows)] = rows.withColumn(PARTITION, F.spark_partition_id())
+        step = GradientStep(options.kind, current, options, ctx.epoch, loss_gauge)
+        # depth 1: the accumulators of columnar data meet in one place (the driver, or one
+        # task), where a tree would only change the order of the sums.
+        data = ctx.columnar(numbered[id(rows)], prepare)
+        new_model = itf.combine(data, step, MODEL_SCHEMA, depth=1)
         stop: itf.Condition = itf.converged(model_field("change"), tol)
         if options.loss_tol is not None:
             stop = stop | itf.converged(model_field("loss"), options.loss_tol)

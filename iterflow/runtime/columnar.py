@@ -148,14 +148,14 @@ def _declared_arrow_schema(spark: SparkSession, schema: StructType | str) -> pa.
     return pa.schema([(f.name, _arrow_type(f.dataType)) for f in fields])
 
 
-def _conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
+def _conform(batch: pa.RecordBatch, target: pa.Schema, source: str = "a kernel") -> pa.RecordBatch:
     """``batch`` with the column types and names Spark expects, taken by position as
     ``mapInArrow`` takes them. numpy picks types by value, not by declaration (an empty
     ``np.bincount`` is int64 even with float weights), and Spark reads a mistyped Arrow
-    column with the declared type's accessor, failing or worse."""
+    column with the declared type's accessor, failing or worse. Errors name ``source``."""
     if batch.num_columns != len(target):
         raise IterflowTypeError(
-            f"a kernel returned {batch.num_columns} column(s) {batch.schema.names} where "
+            f"{source} returned {batch.num_columns} column(s) {batch.schema.names} where "
             f"{len(target)} were declared ({', '.join(target.names)})"
         )
     if batch.schema.types == target.types and batch.schema.names == target.names:
@@ -165,7 +165,7 @@ def _conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
         columns = [column.cast(kind) for column, kind in pairs]
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
         raise IterflowTypeError(
-            f"a kernel returned columns {batch.schema.types} where {target.types} were "
+            f"{source} returned columns {batch.schema.types} where {target.types} were "
             f"declared: {error}"
         ) from error
     return pa.RecordBatch.from_arrays(columns, names=target.names)
@@ -215,14 +215,22 @@ def in_file_order(combine: Combine) -> Combine:
 
 @attrs.frozen
 class _Combined:
-    mapped: DataFrame  # the kernels' outputs, numbered by file
+    mapped: DataFrame  # what is combined: the kernels' outputs, or combine()'s partials
     in_order: Combine
 
 
+def mark_combined(combined: DataFrame, mapped: DataFrame, in_order: Combine) -> DataFrame:
+    """Note that the rows of ``combined`` are ``in_order`` over all the rows of ``mapped``,
+    so that iterflow may compute them on the driver (``combined_on_driver``)."""
+    with contextlib.suppress(AttributeError, TypeError):  # a DataFrame that takes no attributes
+        setattr(combined, _COMBINED_ATTRIBUTE, _Combined(mapped, in_order))
+    return combined
+
+
 def combined_on_driver(df: DataFrame) -> pa.Table | None:
-    """The rows of ``df``, a ``map(..., combine=...)`` result, computed by collecting the
-    kernels' outputs (one Spark job, no shuffle) and combining them here; None for any
-    other DataFrame."""
+    """The rows of ``df``, a ``map(..., combine=...)`` or ``itf.combine`` result, computed by
+    collecting what it combines (one Spark job, no shuffle) and combining it here; None for
+    any other DataFrame."""
     combined = getattr(df, "__dict__", {}).get(_COMBINED_ATTRIBUTE)
     if combined is None:
         return None
@@ -326,9 +334,7 @@ class ColumnarData:
         mapped = indices.mapInArrow(run, _with_file_column(schema))
         in_order = in_file_order(combine)
         combined = mapped.repartition(1).mapInArrow(in_order, combine_schema)  # type: ignore[arg-type]
-        with contextlib.suppress(AttributeError, TypeError):  # a DataFrame that takes no attributes
-            setattr(combined, _COMBINED_ATTRIBUTE, _Combined(mapped, in_order))
-        return combined
+        return mark_combined(combined, mapped, in_order)
 
     def release(self) -> None:
         """Delete the files (driver side)."""

@@ -310,6 +310,43 @@ def semantic_hash(df: DataFrame) -> int | None:
     return int(jdf.queryExecution().analyzed().semanticHash())
 
 
+#: Physical operators that may run Spark jobs before the plan's own tasks do (a shuffle,
+#: a broadcast, a subquery, an adaptive query stage).
+_RUNS_JOBS = ("Exchange", "Subquery", "QueryStage")
+
+
+def planned_partitions(df: DataFrame) -> int | None:
+    """The number of partitions of ``df``, read from its physical plan without a Spark job;
+    None when only running the plan would tell, or under Spark Connect (no plan to read).
+
+    Making the RDD of a plan with a shuffle (which adaptive execution may coalesce), a
+    broadcast, a subquery or a cache not filled yet runs jobs; a plan of scans, local
+    rows, checkpoints, filled caches and narrow steps over them runs none.
+    """
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:
+        return None
+    try:
+        execution = jdf.queryExecution()
+        plan = execution.executedPlan()
+        if plan.getClass().getSimpleName() == "AdaptiveSparkPlanExec":
+            plan = plan.initialPlan()  # only table caches make such a plan run nothing first
+        pending = [plan]
+        while pending:
+            node = pending.pop()
+            kind = node.getClass().getSimpleName()
+            if any(word in kind for word in _RUNS_JOBS) or node.subqueries().nonEmpty():
+                return None
+            if kind == "InMemoryTableScanExec" and not node.isMaterialized():
+                return None
+            children = node.children()
+            pending.extend(children.apply(i) for i in range(children.size()))
+        return int(execution.toRdd().getNumPartitions())
+    except Exception:  # a Spark build whose plan classes differ: unknown, as under Connect
+        log.debug("the partitions of a plan could not be read", exc_info=True)
+        return None
+
+
 def task_slots(context: SparkContext) -> int:
     """Tasks the cluster runs at once now, as Spark counts them for barrier stages
     (executor cores over ``spark.task.cpus``; ``local[N]``: N)."""
