@@ -55,8 +55,10 @@ def test_a_killed_run_resumes_with_every_sink_epoch_written_once(
     kill_when(
         "sink",
         tmp_path,
-        lambda: (tmp_path / "ckpt" / "epoch-00000012" / "_COMMITTED").exists()
-        and (out / "epoch=14" / "_SUCCESS").exists(),
+        lambda: (
+            (tmp_path / "ckpt" / "epoch-00000012" / "_COMMITTED").exists()
+            and (out / "epoch=14" / "_SUCCESS").exists()
+        ),
     )
     result = json.loads((tmp_path / "result.json").read_text())
     assert result == {"rounds": SINK_ROUNDS, "resumed_from": 12}
