@@ -140,6 +140,7 @@ class IterationBuilder:
         progress: bool | None,
         event_log: str | os.PathLike[str] | None,
         static_conditions: Sequence[Condition] = (),
+        nestable: bool = True,
     ) -> tuple[Checkpointing | None, RunObservers]:
         """A run's checkpointing (None without ``checkpoints``), for the body and the
         ``described_inputs`` (their fingerprint), and its observers (progress bar, event
@@ -153,7 +154,10 @@ class IterationBuilder:
             iteration=self._body.name,
             spark=spark,
             options=ObserverOptions(
-                progress=progress, event_log=event_log, sinks=tuple(self._sinks)
+                progress=progress,
+                event_log=event_log,
+                sinks=tuple(self._sinks),
+                nestable=nestable,
             ),
             static_conditions=static_conditions,
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -367,3 +368,93 @@ def test_cli_errors_print_one_line_and_exit_2(
     assert main(["plot", str(log_path), "-o", str(tmp_path / "x.png"), "--metric", "nope"]) == 2
     assert "'nope'" in capsys.readouterr().err
     assert not (tmp_path / "x.png").exists()
+
+
+def _nested_log(path: Path, lines: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def _started(run: str, parent: str | None = None, at: list[int] | None = None) -> dict[str, Any]:
+    return {
+        "event": "iteration_started",
+        "run_id": run,
+        "iteration": run,
+        "parent_run_id": parent,
+        "epoch_path": at or [],
+    }
+
+
+def _round(run: str, path: list[int]) -> dict[str, Any]:
+    return {
+        "event": "round_end",
+        "run_id": run,
+        "epoch": path[-1],
+        "epoch_path": path,
+        "duration_s": 0.1,
+    }
+
+
+def test_two_runs_nested_in_one_round_both_show_in_the_report(tmp_path: Path) -> None:
+    log = _nested_log(
+        tmp_path / "events.jsonl",
+        [
+            _started("a", "outer", [0]),  # a nested run may log its start first
+            _round("a", [0, 0]),
+            _round("a", [0, 1]),
+            _started("outer"),
+            _started("b", "outer", [0]),
+            _round("b", [0, 0]),
+            _started("c", "b", [0, 0]),  # nested two deep
+            _round("c", [0, 0, 0]),
+            _round("outer", [0]),
+            _started("d", "outer", [1]),
+            _round("d", [1, 0]),
+            _round("outer", [1]),
+        ],
+    )
+    events = read_events(log)
+    assert {e["run_id"] for e in events} == {"outer", "a", "b", "c", "d"}
+    report = format_report(events)
+    rows = [re.match(r"\s*(\(.*?\)|\d+)", line) for line in report.splitlines()[1:8]]
+    # Each outer round, then the rounds of the runs nested in it in the order they started:
+    # a's two, b's, then c's (nested in b's round 0).
+    assert [row.group(1) for row in rows if row] == [
+        "0",
+        "(0, 0)",
+        "(0, 1)",
+        "(0, 0)",
+        "(0, 0, 0)",
+        "1",
+        "(1, 0)",
+    ]
+    assert "nested runs: 4, 5 rounds in all" in report
+
+
+def test_a_rolled_back_round_keeps_only_the_runs_of_its_last_attempt(tmp_path: Path) -> None:
+    log = _nested_log(
+        tmp_path / "events.jsonl",
+        [
+            _started("outer"),
+            _round("outer", [0]),
+            _started("first", "outer", [1]),
+            _round("first", [1, 0]),
+            {"event": "rolled_back", "run_id": "outer", "to_epoch": 0},
+            _started("again", "outer", [1]),
+            _round("again", [1, 0]),
+            _round("again", [1, 1]),
+            _round("outer", [1]),
+        ],
+    )
+    report = format_report(read_events(log))
+    assert "nested runs: 1, 2 rounds in all" in report
+
+
+def test_a_nested_run_with_its_own_log_reads_as_a_run_of_its_own(tmp_path: Path) -> None:
+    log = _nested_log(
+        tmp_path / "inner.jsonl",
+        [_started("inner", "elsewhere", [3]), _round("inner", [3, 0]), _round("inner", [3, 1])],
+    )
+    events = read_events(log)
+    assert [e["epoch"] for e in events if e["event"] == "round_end"] == [0, 1]
+    assert "nested runs" not in format_report(events)

@@ -56,9 +56,10 @@ def test_a_line_search_inside_gradient_descent_equals_numpy(
     assert [p.epoch_path for p in result.history] == [(k,) for k in range(6)]
 
     events = read_events(log)  # the outer run and the runs nested in it
-    outer_id = events[0]["run_id"]
-    assert events[0]["event"] == "iteration_started" and events[0]["parent_run_id"] is None
-    inner_started = [e for e in events if e["event"] == "iteration_started"][1:]
+    started = [e for e in events if e["event"] == "iteration_started"]
+    (outer_start,) = [e for e in started if e["parent_run_id"] is None]
+    outer_id = outer_start["run_id"]
+    inner_started = [e for e in started if e["parent_run_id"] is not None]
     assert len(inner_started) == 6
     assert all(e["parent_run_id"] == outer_id for e in inner_started)
     assert [e["epoch_path"] for e in inner_started] == [[k] for k in range(6)]
@@ -232,9 +233,80 @@ def test_a_failing_nested_round_names_its_epoch_path(spark: SparkSession, tmp_pa
         )
     assert e.value.epoch == 1 and e.value.epoch_path == (2, 1)
     events = read_events(log)
-    failed = [
-        (ev["run_id"] == events[0]["run_id"], ev["epoch"])
-        for ev in events
-        if ev["event"] == "iteration_failed"
+    (outer_id,) = [
+        e["run_id"] for e in events if e["event"] == "iteration_started" and not e["parent_run_id"]
     ]
-    assert failed == [(False, 1), (True, 2)]  # the nested run, then the outer one
+    failed = [
+        (e["run_id"] == outer_id, e["epoch"], e["epoch_path"])
+        for e in events
+        if e["event"] == "iteration_failed"
+    ]
+    assert failed == [(False, 1, [2]), (True, 2, [])]  # the nested run, then the outer one
+
+
+@pytest.mark.spark_classic("drops a checkpoint block through the py4j handle")
+def test_a_block_lost_in_a_nested_run_rolls_the_outer_run_back(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    from iterflow.runtime.driver_variables import DRIVER_ROWS_CONF
+    from iterflow.runtime.jvm import release_local_checkpoint
+
+    lost: list[tuple[int, ...]] = []
+
+    def lose_once(ctx: itf.RoundEnd) -> None:
+        if ctx.epoch == 0 and not lost:  # the next inner round cannot read its input
+            lost.append(ctx.progress.epoch_path)
+            release_local_checkpoint(ctx.variables["y"])
+
+    @itf.body
+    def inner(y):  # type: ignore[no-untyped-def]
+        nxt = y.selectExpr("v + 1 AS v")
+        return itf.Declaration(feedback={"y": nxt}, outputs={"y": nxt})
+
+    @itf.body
+    def outer(x, ctx):  # type: ignore[no-untyped-def]
+        run = itf.BoundedIteration(inner).bind("y", x).until(itf.max_rounds(2))
+        if ctx.epoch == 2:
+            run = run.listen(lose_once)
+        nxt = run.run().outputs["y"]
+        return itf.Declaration(feedback={"x": nxt}, outputs={"x": nxt})
+
+    spark.conf.set(DRIVER_ROWS_CONF, "0")  # variables in Spark, where a block can be lost
+    try:
+        with pytest.warns(itf.IterflowWarning, match="rolling back to the durable checkpoint"):
+            result = (
+                itf.BoundedIteration(outer)
+                .bind("x", spark.createDataFrame([(0.0,)], "v DOUBLE"))
+                .until(itf.max_rounds(4))
+                .run(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2)
+            )
+    finally:
+        spark.conf.unset(DRIVER_ROWS_CONF)
+    assert lost == [(2, 0)]
+    assert result.outputs["x"].first()["v"] == 8.0  # 4 outer rounds of 2 inner steps
+    assert [p.epoch for p in result.history] == [0, 1, 2, 3]
+    result.release()
+
+
+def test_a_query_started_in_a_round_is_not_nested(spark: SparkSession) -> None:
+    from iterflow.runtime.run_observers import ObserverOptions, RunObservers
+
+    def observers(**options: Any) -> RunObservers:
+        return RunObservers(
+            iteration="x",
+            spark=spark,
+            options=ObserverOptions(progress=False, **options),
+            static_conditions=(),
+        )
+
+    outer = observers()
+    try:
+        with outer.round(3):
+            inner, query = observers(), observers(nestable=False)
+            assert (inner.parent, inner.path) == (outer, (3,))
+            assert (query.parent, query.path) == (None, ())
+            inner.close()
+            query.close()
+        assert observers().path == ()  # outside the round again
+    finally:
+        outer.close()

@@ -74,6 +74,10 @@ def test_a_resumed_run_writes_the_rounds_after_its_checkpoint_once(
     # A crashed attempt of epoch 6 left other rows: the resumed run replaces them.
     garbage = tmp_path / "x" / "epoch=6"
     spark.createDataFrame([(9, 9)], "id INT, v LONG").write.mode("overwrite").parquet(str(garbage))
+    # ...and one that got further than the resumed run will go: nothing may keep it.
+    spark.createDataFrame([(9, 9)], "id INT, v LONG").write.mode("overwrite").parquet(
+        str(tmp_path / "x" / "epoch=12")
+    )
     more = run(9)  # "train 4 more rounds": resumes after epoch 4
     assert more.resumed_from == 4 and more.rounds == 9
     assert written(spark, tmp_path / "x") == expected(9)

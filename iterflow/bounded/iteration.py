@@ -103,9 +103,9 @@ class BoundedIteration(IterationBuilder):
         if checkpoint_dir is not None and outer is not None:
             warn(
                 f"run(checkpoint_dir='{os.fspath(checkpoint_dir)}') is ignored: this run is "
-                f"nested in another, in its round at epoch path {outer}, whose checkpoints "
-                "(at its round boundaries) cover it; after a crash the outer run resumes "
-                "and runs this one again from its start"
+                f"nested in another, in its round at epoch path {outer}. Only the outermost "
+                "run takes checkpoints, at its round boundaries (give it checkpoint_dir=); "
+                "after a crash it resumes and runs this one again from its start"
             )
             checkpoint_dir = None
         if checkpoint_dir is not None:

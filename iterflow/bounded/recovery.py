@@ -16,6 +16,7 @@ from pyspark.sql import DataFrame
 from iterflow.bounded.result import IterationResult
 from iterflow.errors import IterflowError, IterflowValueError, RoundError, warn
 from iterflow.runtime.checkpoint import Checkpoint
+from iterflow.runtime.run_observers import enclosing_round
 from iterflow.termination import max_rounds_of
 
 if TYPE_CHECKING:
@@ -78,6 +79,9 @@ class Recovery:
             "(spark.dynamicAllocation.cachedExecutorIdleTimeout)"
         )
         checkpointing = owner.checkpointing
+        if checkpointing is None and enclosing_round() is not None:
+            # A nested run takes no checkpoints: the outer run rolls back to its own.
+            raise error
         if checkpointing is None:
             raise IterflowError(
                 f"{lost}. Run with checkpoint_dir=... so that iterflow rolls back to the "

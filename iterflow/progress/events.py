@@ -143,8 +143,10 @@ class EventLog:
         rounds: int,
         duration_s: float,
         metrics: Mapping[str, MetricResult],
+        epoch_path: Sequence[int] = (),
     ) -> None:
-        """The run stopped on a termination condition after ``rounds`` rounds."""
+        """The run stopped on a termination condition after ``rounds`` rounds (a nested
+        run: in the outer round at ``epoch_path``)."""
         self._write(
             "iteration_terminated",
             run_id,
@@ -156,6 +158,7 @@ class EventLog:
             rounds=rounds,
             duration_s=duration_s,
             metrics=results_to_json(metrics),
+            epoch_path=list(epoch_path),
         )
 
     def iteration_failed(
@@ -166,8 +169,10 @@ class EventLog:
         error: BaseException,
         duration_s: float,
         metrics: Mapping[str, MetricResult],
+        epoch_path: Sequence[int] = (),
     ) -> None:
-        """The run failed in round ``epoch`` (None when no round had started)."""
+        """The run failed in round ``epoch`` (None when no round had started); a nested run
+        in the outer round at ``epoch_path``."""
         self._write(
             "iteration_failed",
             run_id,
@@ -176,6 +181,7 @@ class EventLog:
             error_type=type(error).__name__,
             duration_s=duration_s,
             metrics=results_to_json(metrics),
+            epoch_path=list(epoch_path),
         )
 
     def rolled_back(self, *, run_id: str, to_epoch: int) -> None:
@@ -196,16 +202,22 @@ class EventLog:
         self._file.flush()
 
 
+def _parents(events: Sequence[Mapping[str, Any]]) -> dict[Any, Any]:
+    """run_id -> the run it is nested in (None for a run of its own), for the runs that
+    have an ``iteration_started`` line in ``events``."""
+    return {
+        e.get("run_id"): e.get("parent_run_id")
+        for e in events
+        if e.get("event") == "iteration_started"
+    }
+
+
 def main_run(events: Sequence[Mapping[str, Any]]) -> str | None:
     """The run of ``events`` that the others are nested in (the first event's run, or the
     outermost run around it)."""
     if not events:
         return None
-    parents = {
-        e.get("run_id"): e.get("parent_run_id")
-        for e in events
-        if e.get("event") == "iteration_started"
-    }
+    parents = _parents(events)
     run = events[0].get("run_id")
     seen = {run}
     while parents.get(run) in parents and parents[run] not in seen:
@@ -224,16 +236,68 @@ def round_ends(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [last[epoch] for epoch in sorted(last)]
 
 
-def nested_round_ends(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The ``round_end`` events of the runs nested in the main run of ``events``, one per
-    epoch path, in path order (a round run again after a resume or rollback: the last)."""
+def ordered_rounds(
+    events: Sequence[Mapping[str, Any]],
+) -> list[tuple[tuple[int, ...], Mapping[str, Any]]]:
+    """Every round of the main run of ``events`` and of the runs nested in it, each with a
+    sort key, in the order they belong in: a round, then the rounds of the runs nested in
+    it (several runs in one round one after the other, in the order they started), and so
+    on down. A round the main run rolled back and ran again keeps only its last attempt,
+    with the runs nested in that attempt."""
     run = main_run(events)
-    last = {
-        tuple(e.get("epoch_path") or (e["epoch"],)): e
-        for e in events
-        if e.get("event") == "round_end" and e.get("run_id") != run
-    }
-    return [last[path] for path in sorted(last)]
+    parents = _parents(events)
+    started: dict[Any, tuple[Any, int]] = {}  # nested run -> (parent round, ordinal in it)
+    per_round: dict[tuple[Any, int], int] = {}
+    for e in events:
+        kind, rid = e.get("event"), e.get("run_id")
+        if kind == "iteration_started" and rid != run and e.get("epoch_path"):
+            where = (parents.get(rid), int(e["epoch_path"][-1]))
+            started[rid] = (where, per_round.get(where, 0))
+            per_round[where] = per_round.get(where, 0) + 1
+        elif kind == "rolled_back" and rid == run:
+            # The main run runs its rounds after ``to_epoch`` again: drop what ran in them.
+            dropped = {r for r, ((p, k), _) in started.items() if p == run and k > e["to_epoch"]}
+            started = {
+                r: place
+                for r, place in started.items()
+                if r not in dropped and not _inside(r, dropped, parents)
+            }
+            per_round = {w: n for w, n in per_round.items() if w[0] != run or w[1] <= e["to_epoch"]}
+
+    def key(rid: Any, epoch: int) -> tuple[int, ...] | None:
+        if rid == run:
+            return (epoch,)
+        if rid not in started:
+            return None
+        (parent, parent_epoch), ordinal = started[rid]
+        above = key(parent, parent_epoch)
+        return None if above is None else (*above, ordinal, epoch)
+
+    last: dict[tuple[int, ...], Mapping[str, Any]] = {}
+    for e in events:
+        if e.get("event") == "round_end":
+            found = key(e.get("run_id"), int(e["epoch"]))
+            if found is not None:
+                last[found] = e
+    return sorted(last.items(), key=lambda item: item[0])
+
+
+def _inside(rid: Any, runs: set[Any], parents: Mapping[Any, Any]) -> bool:
+    """Whether run ``rid`` is nested, at any depth, in one of ``runs``."""
+    seen: set[Any] = set()
+    while rid in parents and rid not in seen:
+        seen.add(rid)
+        rid = parents[rid]
+        if rid in runs:
+            return True
+    return False
+
+
+def nested_round_ends(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The ``round_end`` events of the runs nested in the main run of ``events``, in the
+    order of :func:`ordered_rounds`."""
+    run = main_run(events)
+    return [e for _, e in ordered_rounds(events) if e.get("run_id") != run]
 
 
 def read_events(path: str | os.PathLike[str], run_id: str | None = None) -> list[dict[str, Any]]:
@@ -263,9 +327,13 @@ def read_events(path: str | os.PathLike[str], run_id: str | None = None) -> list
         if line.strip()  # a trailing or hand-inserted blank line carries no event
     ]
     runs = ", ".join(f"'{run}'" for run in dict.fromkeys(e.get("run_id") for e in events))
+    parents = _parents(events)
     if run_id is None:
+        # Runs of their own: not nested, or nested in a run that logs elsewhere.
         started = [
-            e for e in events if e["event"] == "iteration_started" and not e.get("parent_run_id")
+            e
+            for e in events
+            if e["event"] == "iteration_started" and e.get("parent_run_id") not in parents
         ]
         if not started:
             raise IterflowValueError(
@@ -277,10 +345,7 @@ def read_events(path: str | os.PathLike[str], run_id: str | None = None) -> list
         raise IterflowValueError(
             f"event log '{path}' has no run '{run_id}'; runs in it: {runs or 'none'}"
         )
-    family = {run_id}
-    for event in events:  # a nested run starts after the run it is nested in
-        if event["event"] == "iteration_started" and event.get("parent_run_id") in family:
-            family.add(event.get("run_id"))
+    family = {run_id} | {run for run in parents if _inside(run, {run_id}, parents)}
     return [event for event in events if event.get("run_id") in family]
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from iterflow.errors import IterflowValueError
-from iterflow.progress.events import main_run, nested_round_ends, round_ends
+from iterflow.progress.events import main_run, ordered_rounds, round_ends
 
 #: Round table headers for the RoundProgress fields; other columns keep their name.
 _LABELS = {
@@ -78,13 +78,11 @@ def format_report(events: Sequence[Mapping[str, Any]]) -> str:
     Columns that no round has a value for are left out.
     """
     rounds = round_ends(events)
-    nested = nested_round_ends(events)
+    run = main_run(events)
     # The rounds of runs nested in a round follow it, their epoch as a path: (3, 0).
-    ordered = sorted(
-        [(_path(e), e, False) for e in rounds] + [(_path(e), e, True) for e in nested],
-        key=lambda item: item[0],
-    )
-    values = [round_values(e) for _, e, _ in ordered]
+    ordered = [(e, e.get("run_id") != run) for _, e in ordered_rounds(events)]
+    nested = [e for e, inner in ordered if inner]
+    values = [round_values(e) for e, _ in ordered]
     columns = [
         name
         for name in dict.fromkeys(name for row in values for name in row)
@@ -94,10 +92,10 @@ def format_report(events: Sequence[Mapping[str, Any]]) -> str:
         ["epoch", *(_LABELS.get(name, name) for name in columns)],
         [
             [
-                str(path) if inner else _cell(e.get("epoch")),
+                str(_path(e)) if inner else _cell(e.get("epoch")),
                 *(_cell(row.get(name)) for name in columns),
             ]
-            for (path, e, inner), row in zip(ordered, values, strict=True)
+            for (e, inner), row in zip(ordered, values, strict=True)
         ],
         align=">" * (len(columns) + 1),
     )

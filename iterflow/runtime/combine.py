@@ -11,14 +11,15 @@ DataFrame of those rows::
     partition 2 -> add_input per batch -> acc 2 -+- merge -+- merge -> extract_output -> rows
     partition 3 -> add_input per batch -> acc 3 -+
 
-The merge is a tree, as in ``RDD.treeAggregate(depth)``: with P accumulators,
+The merge is a tree of ``depth`` levels, like ``RDD.treeAggregate(depth)`` (grouping
+consecutive partitions): with P accumulators,
 ``scale = max(ceil(P ** (1 / depth)), 2)``; while more than ``scale`` remain (at
 most ``depth - 1`` times), consecutive ones (``index // scale``) are merged in
 groups; then the rest are merged at once, in index order. Which accumulators
 meet, and in which order, depends only on the partition indices, never on
 which task finished first; ``MergeTree`` and ``merge_tree`` are that rule, and
-every merge made in memory goes through them, so that every path gives the
-same result to the bit.
+every merge made in memory goes through them, so that every path merges the
+same accumulators to the same result, to the bit.
 
 The paths:
 

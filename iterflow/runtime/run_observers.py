@@ -42,6 +42,8 @@ class ObserverOptions:
     progress: bool | None = None
     event_log: str | os.PathLike[str] | None = None
     sinks: tuple[tuple[MetricsSink, float], ...] = ()
+    #: Whether a run started inside a round of another is nested in it (bounded runs).
+    nestable: bool = True
 
 
 def _open_log(path: str | os.PathLike[str] | None) -> EventLog | None:
@@ -94,11 +96,12 @@ class RunObservers:
         self.run_id = uuid.uuid4().hex[:12]
         self._context = spark_context(spark)
         self._clock = time.perf_counter()
-        running = _RUNNING.get()
+        # An unbounded query runs on its own threads: never nested in the round that started it.
+        running = _RUNNING.get() if options.nestable else ()
         # A run inside a round of another: its epochs are paths below that round's, it
         # logs to the outer run's event log unless given its own, and its bar goes below.
         self.parent: RunObservers | None = running[-1][0] if running else None
-        self.path: tuple[int, ...] = enclosing_round() or ()
+        self.path: tuple[int, ...] = (*running[-1][0].path, running[-1][1]) if running else ()
         parent = self.parent
         self._owns_log = options.event_log is not None or parent is None
         self._log = parent._log if parent is not None and not self._owns_log else None
@@ -121,7 +124,8 @@ class RunObservers:
         )
         self._pusher = MetricsPusher(self.metrics.snapshot, options.sinks)
         self._pusher.start()
-        BRIDGE.take_untagged()  # updates from before this run are not its concern
+        if parent is None:
+            BRIDGE.take_untagged()  # updates from before this run are not its concern
         self._warned_untagged: set[str] = set()
         self._pending_start: Callable[[], None] | None = None
 
@@ -146,8 +150,6 @@ class RunObservers:
         """
         if resumed_from is not None:
             self._bar.resume(resumed_from + 1)
-        if self.parent is not None:
-            self.parent.flush_start()  # the outer run's start comes first in the log
         if self._log is not None:
             log = self._log
             described: dict[str, Any] = {
@@ -240,6 +242,7 @@ class RunObservers:
                 rounds=rounds,
                 duration_s=self.elapsed_s,
                 metrics=totals,
+                epoch_path=self.path,
             )
         self._bar.close(f"{termination.reason} at epoch {termination.epoch}")
         return totals
@@ -255,6 +258,7 @@ class RunObservers:
                 error=error,
                 duration_s=self.elapsed_s,
                 metrics=totals,
+                epoch_path=self.path,
             )
         self._bar.close("failed" if epoch is None else f"failed at epoch {epoch}")
 

@@ -119,6 +119,7 @@ class UnboundedIteration(IterationBuilder):
             ),
             progress=progress,
             event_log=event_log,
+            nestable=False,
         )
         assert checkpointing is not None  # checkpoints were given
         loop = EpochLoop(
