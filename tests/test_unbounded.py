@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -116,6 +117,8 @@ def test_feedback_drains_after_the_input_ends_one_row_per_epoch(spark, tmp_path)
     assert [p.batch_id for p in progress] == [0, 0, 0, None, None, None, None]
     assert query.termination.reason == "inputs_ended"
     assert query.termination.epoch == 6
+    # Rows that entered at epoch 0 are in flight until epoch 6 drains the last of them.
+    assert [p.epoch_watermark for p in progress] == [-1] * 6 + [6]
 
 
 def feedback_first(files: list[list[int]], bound: int, budget: int) -> list[tuple[int, int]]:
@@ -155,6 +158,11 @@ def test_feedback_is_consumed_before_new_input_up_to_the_backpressure_bound(
     seen = [(p.input_rows["work"], p.feedback_rows_in.get("work", 0)) for p in query.progress]
     assert seen == feedback_first(countdowns, bound, budget)
     assert all(fed <= bound for new, fed in seen if new > 0)
+    # The watermark lags behind the epoch exactly while work feedback is in flight, and
+    # never goes back.
+    marks = [(p.epoch, p.epoch_watermark, p.backlog["feedback_rows"]) for p in query.progress]
+    assert all((mark < epoch) == (flight > 0) for epoch, mark, flight in marks)
+    assert all(a[1] <= b[1] for a, b in itertools.pairwise(marks))
 
 
 def test_max_rows_per_epoch_cuts_a_micro_batch_into_epochs(spark, tmp_path):

@@ -179,10 +179,11 @@ class Round:
 
     def progress(self, **fields: Any) -> RoundProgress:
         """The round's ``RoundProgress`` before observers complete it; ``fields`` are the
-        loop's own (criteria, micro-batch, backlog...)."""
+        loop's own (criteria, micro-batch, backlog, an unbounded epoch's watermark...). A
+        bounded round's epoch watermark is its epoch."""
+        fields.setdefault("epoch_watermark", self.epoch)
         return RoundProgress(
             epoch=self.epoch,
-            epoch_watermark=self.epoch,
             started_at=self.started_at,
             duration_s=self.elapsed_s,
             rows=self.evaluated.rows,
@@ -196,7 +197,7 @@ class Round:
         """What listeners (and convergence callables) receive about this round."""
         return RoundEnd(
             epoch=self.epoch,
-            epoch_watermark=self.epoch,
+            epoch_watermark=progress.epoch_watermark,
             inputs=self.inputs,
             variables=self.evaluated.variables,
             outputs=self.evaluated.outputs,

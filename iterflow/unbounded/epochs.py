@@ -224,6 +224,7 @@ class EpochLoop:
             results = rnd.evaluated.outputs
             self.cycle.write_sinks(rnd, self.sinks)
             progress = rnd.progress(
+                epoch_watermark=self.watermark(epoch),
                 batch_id=batch_id,
                 input_rows={n: observed_rows(o) if new else 0 for n, o in observations.items()},
                 feedback_rows_in=feedback_in,
@@ -234,6 +235,23 @@ class EpochLoop:
         self.pending = rnd.evaluated.variables
         self.outputs = results
         self.epoch = epoch
+
+    def watermark(self, epoch: int) -> int:
+        """The epoch watermark after ``epoch``: every record that entered the loop at an
+        epoch up to it is processed, and ``watermark + 1`` is the lowest epoch that may
+        still have records in flight (as in FLIP-176).
+
+        Work feedback is one DataFrame, so iterflow cannot tell which epoch its rows came
+        from: while any is in flight the watermark stays before the epoch in which it last
+        rose from none, and it catches up with the epoch once the feedback drained. It
+        follows from the previous epoch's progress, which a restart restores."""
+        if self.in_flight == 0:
+            return epoch
+        history = self.loop.history
+        previous = history[-1] if history and history[-1].epoch == epoch - 1 else None
+        if previous is None or previous.backlog.get("feedback_rows", 0) == 0:
+            return epoch - 1
+        return previous.epoch_watermark
 
     # -- the end -----------------------------------------------------------------------
 
