@@ -307,6 +307,8 @@ def test_a_query_started_in_a_round_is_not_nested(spark: SparkSession) -> None:
             assert (query.parent, query.path) == (None, ())
             inner.close()
             query.close()
-        assert observers().path == ()  # outside the round again
+        after = observers()
+        assert after.path == ()  # outside the round again
+        after.close()
     finally:
         outer.close()
