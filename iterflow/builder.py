@@ -141,6 +141,7 @@ class IterationBuilder:
         event_log: str | os.PathLike[str] | None,
         static_conditions: Sequence[Condition] = (),
         nestable: bool = True,
+        progress_from: str | None = None,
     ) -> tuple[Checkpointing | None, RunObservers]:
         """A run's checkpointing (None without ``checkpoints``), for the body and the
         ``described_inputs`` (their fingerprint), and its observers (progress bar, event
@@ -158,6 +159,7 @@ class IterationBuilder:
                 event_log=event_log,
                 sinks=tuple(self._sinks),
                 nestable=nestable,
+                progress_from=progress_from,
             ),
             static_conditions=static_conditions,
         )

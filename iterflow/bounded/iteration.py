@@ -13,6 +13,7 @@ from iterflow.bounded.loop import RoundLoop
 from iterflow.bounded.result import IterationResult
 from iterflow.builder import Binding, IterationBuilder, at_least_one, check_progress_option
 from iterflow.errors import IterflowTypeError, IterflowValueError, warn
+from iterflow.progress.estimate import check_progress_from
 from iterflow.runtime.checkpoint import CheckpointOptions
 from iterflow.runtime.driver_variables import driver_rows
 from iterflow.runtime.resident import ResidentPolicy
@@ -75,6 +76,7 @@ class BoundedIteration(IterationBuilder):
         checkpoint_async: bool = True,
         checkpoint_keep: int = 2,
         resume: bool = True,
+        progress_from: str | None = None,
     ) -> IterationResult:
         """Run rounds until a termination condition holds; return the result.
 
@@ -92,8 +94,16 @@ class BoundedIteration(IterationBuilder):
         the same body and inputs resumes after the last committed epoch;
         ``resume=False`` deletes those checkpoints and starts over. See
         docs/checkpoints.md.
+
+        ``progress_from`` names the count that the estimate of the rounds left
+        (``RoundProgress.rounds_remaining_estimate``) follows down to zero: a
+        ``ctx.observe`` name, a feedback or output name, or ``"criteria"`` (the rows
+        of the body's ``itf.empty`` criteria). By default it is picked: the criteria
+        when the round's jobs counted them, else the first observed step; a loop
+        with ``itf.converged`` follows its convergence value.
         """
         check_progress_option(progress)
+        check_progress_from(progress_from)
         active, inputs = self._bound_inputs(spark)
         held_rows = driver_rows(active)
         residency = ResidentPolicy(active)  # checks spark.iterflow.resident before anything starts
@@ -123,6 +133,7 @@ class BoundedIteration(IterationBuilder):
             progress=progress,
             event_log=event_log,
             static_conditions=self._conditions,
+            progress_from=progress_from,
         )
         loop = RoundLoop(
             body=self._body,

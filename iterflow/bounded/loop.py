@@ -152,8 +152,12 @@ class RoundLoop:
         criteria_empty: dict[Condition, bool] = {
             c: rnd.evaluated.done.criteria_empty[id(c.criteria)] for c in plan.criteria
         }
+        # A criteria that is also a feedback or output was counted by its checkpoint's job.
+        rows = rnd.evaluated.done.rows
+        counted = [rows[id(c.criteria)] for c in plan.criteria if id(c.criteria) in rows]
         progress = rnd.progress(
-            criteria_empty=any(criteria_empty.values()) if criteria_empty else None
+            criteria_empty=any(criteria_empty.values()) if criteria_empty else None,
+            criteria_rows=min(counted) if counted and len(counted) == len(plan.criteria) else None,
         )
         values = self._convergence_values(rnd, plan, progress)
         if values:

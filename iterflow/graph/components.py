@@ -233,7 +233,9 @@ def connected_components(
     in memory; ``"auto"`` picks it up to ``VECTOR_LIMIT`` vertices) the same two
     counts are ``progress.metrics["messages"]`` and ``["active"]``. Other
     keyword arguments go to ``BoundedIteration.run`` (``progress``, ``event_log``,
-    ``checkpoint_dir``...). Returns a DataFrame, or a GraphFrame when ``graph`` is one.
+    ``checkpoint_dir``...); with ``method="dataframe"`` the estimate of the rounds
+    left follows ``messages`` unless ``progress_from=`` names another count.
+    Returns a DataFrame, or a GraphFrame when ``graph`` is one.
 
     Example::
 
@@ -258,7 +260,9 @@ def connected_components(
         iteration = iteration.until(itf.max_rounds(max_rounds))
     if listen is not None:
         iteration = iteration.listen(listen)
-    labels = iteration.run(**run_options).outputs["labels"]
+    # The labels a round moves jump up and down as pointers jump; the workset edges
+    # hooked across shrink steadily to none: the rounds left follow them.
+    labels = iteration.run(**{"progress_from": "messages", **run_options}).outputs["labels"]
     smallest = labels.groupBy("label").agg(F.min("id").alias("component"))
     components = labels.join(smallest, "label").select("id", "component")
     return graph_result(graph, g.vertices.join(components, "id"))

@@ -44,6 +44,7 @@ def progress_to_dict(p: RoundProgress) -> dict[str, Any]:
         "duration_s": p.duration_s,
         "rows": dict(p.rows),
         "criteria_empty": p.criteria_empty,
+        "criteria_rows": p.criteria_rows,
         "observed": dict(p.observed),
         "metrics": {name: value_to_json(value) for name, value in p.metrics.items()},
         "converged_value": p.converged_value,

@@ -26,7 +26,12 @@ from iterflow.metrics.registry import REGISTRY
 from iterflow.metrics.sinks import MetricsSink
 from iterflow.metrics.values import MetricResult
 from iterflow.progress.bar import ProgressBar
-from iterflow.progress.estimate import estimate_remaining
+from iterflow.progress.estimate import (
+    Estimate,
+    check_series_name,
+    count_series,
+    estimate_remaining,
+)
 from iterflow.progress.events import EventLog
 from iterflow.records import RoundProgress, Termination
 from iterflow.runtime.jvm import spark_context
@@ -44,6 +49,9 @@ class ObserverOptions:
     sinks: tuple[tuple[MetricsSink, float], ...] = ()
     #: Whether a run started inside a round of another is nested in it (bounded runs).
     nestable: bool = True
+    #: The count the estimate of the rounds left follows (``run(progress_from=)``);
+    #: None picks one (see ``count_series``).
+    progress_from: str | None = None
 
 
 def _open_log(path: str | os.PathLike[str] | None) -> EventLog | None:
@@ -128,6 +136,8 @@ class RunObservers:
             BRIDGE.take_untagged()  # updates from before this run are not its concern
         self._warned_untagged: set[str] = set()
         self._pending_start: Callable[[], None] | None = None
+        self._progress_from = options.progress_from
+        self._series_checked = False
 
     @property
     def elapsed_s(self) -> float:
@@ -189,14 +199,24 @@ class RunObservers:
         history: Sequence[RoundProgress],
     ) -> RoundProgress:
         """``progress`` with the round's metrics and the estimate of what remains."""
+        rounds = (*history, progress)
         convergence = [c for c in conditions if isinstance(c, Converged)]
+        name = self._progress_from
+        if name is not None and not self._series_checked:
+            check_series_name(progress, name)  # the first round of this start shows the names
+            self._series_checked = True
+        # A loop with a convergence value follows it, unless a count is named.
+        counts = count_series(rounds, name) if name is not None or not convergence else None
         estimate = estimate_remaining(
             epoch=progress.epoch,
-            values=[p.converged_value for p in (*history, progress)],
+            values=[p.converged_value for p in rounds],
             tol=convergence[0].tol if convergence else None,
             max_rounds=max_rounds_of(conditions),
-            durations=[p.duration_s for p in (*history, progress)],
+            durations=[p.duration_s for p in rounds],
+            counts=counts,
         )
+        if progress.criteria_empty:
+            estimate = Estimate(rounds_remaining=0, eta_s=0.0)  # the run ends with this round
         return attrs.evolve(
             progress,
             metrics=self.metrics.round_values(progress.epoch),
