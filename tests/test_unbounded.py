@@ -121,6 +121,17 @@ def test_feedback_drains_after_the_input_ends_one_row_per_epoch(spark, tmp_path)
     assert [p.epoch_watermark for p in progress] == [-1] * 6 + [6]
 
 
+def test_an_unbounded_run_past_its_kept_history_goes_on(spark, tmp_path, monkeypatch):
+    from iterflow.unbounded import epochs
+
+    monkeypatch.setattr(epochs, "RECENT_EPOCHS", 3)  # as a run past 1,000 epochs
+    rows = [{"id": i, "n": i} for i in range(1, 8)]
+    query = run_countdown(spark, tmp_path, [rows], max_epochs_per_batch=2)
+    assert [p.epoch for p in query.history] == [4, 5, 6]
+    assert query.termination.epoch == 6
+    assert query.history[-1].epoch_watermark == 6
+
+
 def feedback_first(files: list[list[int]], bound: int, budget: int) -> list[tuple[int, int]]:
     """The rule, written out: (input rows, feedback rows in) of each epoch, for files of
     countdown values with micro-batches of one file."""

@@ -207,11 +207,14 @@ class RunObservers:
             self._series_checked = True
         # A loop with a convergence value follows it, unless a count is named.
         counts = count_series(rounds, name) if name is not None or not convergence else None
+        # An unbounded run keeps only its recent rounds: count epochs from the oldest kept.
+        dropped = progress.epoch + 1 - len(rounds)
+        bound = max_rounds_of(conditions)
         estimate = estimate_remaining(
-            epoch=progress.epoch,
+            epoch=progress.epoch - dropped,
             values=[p.converged_value for p in rounds],
             tol=convergence[0].tol if convergence else None,
-            max_rounds=max_rounds_of(conditions),
+            max_rounds=None if bound is None else bound - dropped,
             durations=[p.duration_s for p in rounds],
             counts=counts,
         )
