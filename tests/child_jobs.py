@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,15 +18,42 @@ from pyspark.sql import SparkSession
 from iterflow.runtime.session import embedded_session
 
 
+def job_env() -> dict[str, str]:
+    """The environment of a job's process: loopback only, workers on this interpreter."""
+    return {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+
+
+def kill_when(command: list[str], ready: Callable[[], bool], *, after_s: float = 0.0) -> None:
+    """Start ``command`` and SIGKILL it ``after_s`` seconds after ``ready()`` holds; it must
+    still be running then."""
+    child = subprocess.Popen(
+        command, env=job_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 300
+    while child.poll() is None and time.monotonic() < deadline and not ready():
+        time.sleep(0.02)
+    assert child.poll() is None, "the job ended before it could be killed"
+    time.sleep(after_s)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert child.stderr is not None
+    child.stderr.close()
+
+
+def run_to_end(command: list[str]) -> None:
+    """Run ``command`` (again) until it ends, successfully."""
+    finished = subprocess.run(command, env=job_env(), capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+
+
 def run_job(script: Path, *args: str, timeout: int = 900) -> dict[str, Any]:
     """Run ``script`` with this interpreter; its last line of output is its JSON result."""
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
     done = subprocess.run(
         [sys.executable, str(script), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=env,
+        env=job_env(),
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]

@@ -4,15 +4,12 @@ exactly the result of an uninterrupted run."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from checkpoint_kill_job import EVERY, ROUNDS, VERTICES, path_ids
+from child_jobs import kill_when, run_to_end
 
 from iterflow.progress.events import read_events
 
@@ -27,37 +24,26 @@ def reference_labels() -> list[tuple[int, int]]:
     return sorted((ids[p], min(ids[max(0, p - ROUNDS) : p + ROUNDS + 1])) for p in range(VERTICES))
 
 
-def start(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
-    command = [
+def command(tmp_path: Path) -> list[str]:
+    return [
         sys.executable,
         str(JOB),
         str(tmp_path / "ckpt"),
         str(tmp_path / "events.jsonl"),
         str(tmp_path / "out.json"),
     ]
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
-    return command, env
 
 
 def test_a_killed_run_resumes_and_matches_an_uninterrupted_run(tmp_path: Path) -> None:
-    command, env = start(tmp_path)
+    job = command(tmp_path)
     marker = tmp_path / "ckpt" / "epoch-00000007" / "_COMMITTED"
-    child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 300
-    while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert child.poll() is None, "the run ended before it could be killed"
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-    assert child.stderr is not None
-    child.stderr.close()
+    kill_when(job, marker.exists)
     assert not (tmp_path / "out.json").exists()
     killed = read_events(tmp_path / "events.jsonl")
     done_before_kill = [e["epoch"] for e in killed if e["event"] == "round_end"]
     assert killed[-1]["event"] == "round_end"  # no final event: the process died
 
-    finished = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert finished.returncode == 0, finished.stderr[-3000:]
+    run_to_end(job)
     out = json.loads((tmp_path / "out.json").read_text())
     assert [tuple(pair) for pair in out["labels"]] == reference_labels()
     assert out["rounds"] == ROUNDS

@@ -5,16 +5,13 @@ resumes at the outer round, equal to its reference."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from child_jobs import kill_when, run_to_end
 from iteration_kill_job import NESTED_EVERY, NESTED_ROUNDS, SINK_ROUNDS, sink_rows
 from pyspark.sql import SparkSession
 
@@ -25,26 +22,12 @@ pytestmark = pytest.mark.spark
 JOB = Path(__file__).with_name("iteration_kill_job.py")
 
 
-def command(mode: str, work: Path) -> tuple[list[str], dict[str, str]]:
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
-    return [sys.executable, str(JOB), mode, str(work)], env
-
-
-def kill_when(mode: str, work: Path, ready: Callable[[], bool]) -> None:
+def kill_and_resume(mode: str, work: Path, ready: Callable[[], bool]) -> None:
     """Start the job, SIGKILL it once ``ready()`` holds, then run it again to the end."""
-    args, env = command(mode, work)
-    child = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 300
-    while child.poll() is None and time.monotonic() < deadline and not ready():
-        time.sleep(0.02)
-    assert child.poll() is None, "the run ended before it could be killed"
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-    assert child.stderr is not None
-    child.stderr.close()
+    job = [sys.executable, str(JOB), mode, str(work)]
+    kill_when(job, ready)
     assert not (work / "result.json").exists()
-    finished = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
-    assert finished.returncode == 0, finished.stderr[-3000:]
+    run_to_end(job)
 
 
 def test_a_killed_run_resumes_with_every_sink_epoch_written_once(
@@ -52,7 +35,7 @@ def test_a_killed_run_resumes_with_every_sink_epoch_written_once(
 ) -> None:
     out = tmp_path / "out"
     # Killed after epoch 12's checkpoint, once epochs past it reached the sink.
-    kill_when(
+    kill_and_resume(
         "sink",
         tmp_path,
         lambda: (
@@ -84,7 +67,7 @@ def test_a_kill_inside_a_nested_run_resumes_at_the_outer_round(tmp_path: Path) -
             for e in events
         )
 
-    kill_when("nested", tmp_path, inside_inner_run)
+    kill_and_resume("nested", tmp_path, inside_inner_run)
     result = json.loads((tmp_path / "result.json").read_text())
     np.testing.assert_allclose(result["w"], result["reference"], rtol=1e-9, atol=1e-12)
     assert result["rounds"] == NESTED_ROUNDS

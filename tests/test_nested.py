@@ -7,7 +7,6 @@ on it and on small nested runs.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import warnings
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from iteration_kill_job import line_search
 from pyspark.sql import DataFrame, SparkSession
 
 import iterflow as itf
@@ -23,16 +23,6 @@ from iterflow.progress.events import read_events
 from iterflow.progress.report import format_report
 
 pytestmark = pytest.mark.spark
-
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "line_search.py"
-
-
-def line_search() -> Any:
-    spec = importlib.util.spec_from_file_location("line_search_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def points_of(spark: SparkSession, x: np.ndarray, label: np.ndarray) -> DataFrame:

@@ -4,15 +4,12 @@ checkpoint location: the file sinks hold exactly the rows of an uninterrupted ru
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from itertools import accumulate
 from pathlib import Path
 
 import pytest
+from child_jobs import kill_when, run_to_end
 from test_unbounded import write_numbers
 
 pytestmark = pytest.mark.spark
@@ -31,26 +28,14 @@ def test_a_killed_stream_restarts_without_losing_or_duplicating_a_row(spark, tmp
         str(tmp_path / "sinks"),
         str(tmp_path / "out.json"),
     ]
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
     epochs = tmp_path / "ckpt" / "epochs"
-    child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 300
-    while (
-        not list(epochs.glob("epoch-0000000[4-9]/_COMMITTED"))
-        and child.poll() is None
-        and time.monotonic() < deadline
-    ):
-        time.sleep(0.02)
-    assert child.poll() is None, "the stream ended before it could be killed"
-    time.sleep(0.15)  # into the next epoch's work
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-    assert child.stderr is not None
-    child.stderr.close()
+    # Into the next epoch's work after epoch 4 or later committed.
+    kill_when(
+        command, lambda: bool(list(epochs.glob("epoch-0000000[4-9]/_COMMITTED"))), after_s=0.15
+    )
     assert not (tmp_path / "out.json").exists()
 
-    finished = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert finished.returncode == 0, finished.stderr[-3000:]
+    run_to_end(command)
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["termination"] == "inputs_ended"
     resumed_from = out["resumed_from"]
