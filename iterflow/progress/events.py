@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -220,11 +220,8 @@ def main_run(events: Sequence[Mapping[str, Any]]) -> str | None:
         return None
     parents = _parents(events)
     run = events[0].get("run_id")
-    seen = {run}
-    while parents.get(run) in parents and parents[run] not in seen:
-        run = parents[run]
-        seen.add(run)
-    return run
+    logged = [above for above in _ancestors(run, parents) if above in parents]
+    return logged[-1] if logged else run
 
 
 def round_ends(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -247,23 +244,24 @@ def ordered_rounds(
     with the runs nested in that attempt."""
     run = main_run(events)
     parents = _parents(events)
-    started: dict[Any, tuple[Any, int]] = {}  # nested run -> (parent round, ordinal in it)
-    per_round: dict[tuple[Any, int], int] = {}
+    where: dict[Any, tuple[Any, int]] = {}  # nested run -> its parent round, in start order
     for e in events:
         kind, rid = e.get("event"), e.get("run_id")
         if kind == "iteration_started" and rid != run and e.get("epoch_path"):
-            where = (parents.get(rid), int(e["epoch_path"][-1]))
-            started[rid] = (where, per_round.get(where, 0))
-            per_round[where] = per_round.get(where, 0) + 1
+            where[rid] = (parents.get(rid), int(e["epoch_path"][-1]))
         elif kind == "rolled_back" and rid == run:
             # The main run runs its rounds after ``to_epoch`` again: drop what ran in them.
-            dropped = {r for r, ((p, k), _) in started.items() if p == run and k > e["to_epoch"]}
-            started = {
-                r: place
-                for r, place in started.items()
+            dropped = {r for r, (p, k) in where.items() if p == run and k > e["to_epoch"]}
+            where = {
+                r: w
+                for r, w in where.items()
                 if r not in dropped and not _inside(r, dropped, parents)
             }
-            per_round = {w: n for w, n in per_round.items() if w[0] != run or w[1] <= e["to_epoch"]}
+    started: dict[Any, tuple[tuple[Any, int], int]] = {}  # -> (parent round, ordinal in it)
+    ordinals: dict[tuple[Any, int], int] = {}
+    for rid, parent_round in where.items():
+        started[rid] = (parent_round, ordinals.get(parent_round, 0))
+        ordinals[parent_round] = started[rid][1] + 1
 
     def key(rid: Any, epoch: int) -> tuple[int, ...] | None:
         if rid == run:
@@ -283,15 +281,18 @@ def ordered_rounds(
     return sorted(last.items(), key=lambda item: item[0])
 
 
+def _ancestors(rid: Any, parents: Mapping[Any, Any]) -> Iterator[Any]:
+    """The runs ``rid`` is nested in, innermost first, as far as start lines tell."""
+    seen = {rid}
+    while rid in parents and parents[rid] is not None and parents[rid] not in seen:
+        rid = parents[rid]
+        seen.add(rid)
+        yield rid
+
+
 def _inside(rid: Any, runs: set[Any], parents: Mapping[Any, Any]) -> bool:
     """Whether run ``rid`` is nested, at any depth, in one of ``runs``."""
-    seen: set[Any] = set()
-    while rid in parents and rid not in seen:
-        seen.add(rid)
-        rid = parents[rid]
-        if rid in runs:
-            return True
-    return False
+    return any(above in runs for above in _ancestors(rid, parents))
 
 
 def nested_round_ends(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

@@ -109,12 +109,12 @@ class RunObservers:
         # A run inside a round of another: its epochs are paths below that round's, it
         # logs to the outer run's event log unless given its own, and its bar goes below.
         self.parent: RunObservers | None = running[-1][0] if running else None
-        self.path: tuple[int, ...] = (*running[-1][0].path, running[-1][1]) if running else ()
+        self.path: tuple[int, ...] = (enclosing_round() or ()) if running else ()
         parent = self.parent
-        self._owns_log = options.event_log is not None or parent is None
-        self._log = parent._log if parent is not None and not self._owns_log else None
-        if self._owns_log:
-            self._log = _open_log(options.event_log)
+        if parent is not None and options.event_log is None:
+            self._owns_log, self._log = False, parent._log
+        else:
+            self._owns_log, self._log = True, _open_log(options.event_log)
         self.metrics = REGISTRY.begin_run(
             iteration=iteration,
             run_id=self.run_id,
