@@ -18,7 +18,7 @@ from iterflow import metrics
 from iterflow.body import Declaration, IterationBody, RoundContext, body
 from iterflow.bounded import BoundedIteration, IterationResult
 from iterflow.errors import DivergenceError, IterflowError, IterflowWarning, RoundError
-from iterflow.progress import IterationEnd, RoundEnd, RoundListener, RoundProgress
+from iterflow.progress import IterationEnd, RoundEnd, RoundListener, RoundProgress, RoundSample
 from iterflow.records import Termination
 from iterflow.runtime.combine import CombineFn, combine
 from iterflow.runtime.driver_variables import to_arrow, vector, vector_cell
@@ -45,6 +45,7 @@ __all__ = [
     "RoundError",
     "RoundListener",
     "RoundProgress",
+    "RoundSample",
     "Termination",
     "UnboundedIteration",
     "UnboundedQuery",

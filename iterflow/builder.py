@@ -3,6 +3,7 @@ sinks, and the assembly of a run's checkpointing and observers."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -142,6 +143,8 @@ class IterationBuilder:
         static_conditions: Sequence[Condition] = (),
         nestable: bool = True,
         progress_from: str | None = None,
+        progress_interval_s: float = 0.5,
+        event_log_progress_s: float = 5.0,
     ) -> tuple[Checkpointing | None, RunObservers]:
         """A run's checkpointing (None without ``checkpoints``), for the body and the
         ``described_inputs`` (their fingerprint), and its observers (progress bar, event
@@ -160,6 +163,8 @@ class IterationBuilder:
                 sinks=tuple(self._sinks),
                 nestable=nestable,
                 progress_from=progress_from,
+                progress_interval_s=check_interval("progress_interval_s", progress_interval_s),
+                event_log_progress_s=check_interval("event_log_progress_s", event_log_progress_s),
             ),
             static_conditions=static_conditions,
         )
@@ -188,3 +193,14 @@ def _to_dataframe(spark: SparkSession, name: str, data: Any) -> DataFrame:
             f"bind('{name}', ...): cannot make a DataFrame of {type(data).__name__} ({exc}); "
             "bind a DataFrame, a pandas DataFrame or a list of rows"
         ) from exc
+
+
+def check_interval(option: str, value: Any) -> float:
+    """``value`` of ``option`` (seconds, 0 turns it off), as a float >= 0."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (value >= 0 and math.isfinite(value))
+    ):
+        raise IterflowValueError(f"{option}={value!r}: pass a number of seconds >= 0 (0: off)")
+    return float(value)

@@ -68,6 +68,37 @@ class RoundProgress:
     )
 
 
+@attrs.frozen(kw_only=True)
+class RoundSample:
+    """Progress of round ``epoch`` while it runs, sampled every ``progress_interval_s``.
+
+    ``tasks_total``, ``tasks_done`` and ``tasks_active`` count the Spark tasks of the
+    round's jobs so far (and the partitions of its resident kernel calls); a job the
+    round has not started yet is not counted, so ``fraction_done`` also weighs the
+    tasks the round's previous rounds ran, and never goes back within a round. It is
+    None until anything is known, and 1.0 in the sample sent when the round's work is
+    done. ``rows_read`` counts rows read from sources and caches so far (None when
+    unknown, e.g. over Spark Connect). ``rows_by_step`` maps each feedback, output,
+    streaming input and ``ctx.observe`` name to its rows so far, where known: exact
+    once its job finished, from Spark's live SQL metrics while it runs. ``eta_s``
+    estimates the round's remaining seconds. ``final`` marks the round's last sample.
+    """
+
+    epoch: int
+    elapsed_s: float
+    fraction_done: float | None = None
+    tasks_total: int = 0
+    tasks_done: int = 0
+    tasks_active: int = 0
+    rows_read: int | None = None
+    rows_by_step: Mapping[str, int] = attrs.field(factory=dict, converter=_frozen_dict)
+    eta_s: float | None = None
+    final: bool = False
+    epoch_path: tuple[int, ...] = attrs.field(
+        default=attrs.Factory(lambda self: (self.epoch,), takes_self=True), converter=_path
+    )
+
+
 @attrs.frozen
 class Termination:
     """Why the iteration stopped: ``reason`` is the first of ``reasons`` in REASONS order."""

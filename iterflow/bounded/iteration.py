@@ -77,6 +77,8 @@ class BoundedIteration(IterationBuilder):
         checkpoint_keep: int = 2,
         resume: bool = True,
         progress_from: str | None = None,
+        progress_interval_s: float = 0.5,
+        event_log_progress_s: float = 5.0,
     ) -> IterationResult:
         """Run rounds until a termination condition holds; return the result.
 
@@ -101,6 +103,12 @@ class BoundedIteration(IterationBuilder):
         of the body's ``itf.empty`` criteria). By default it is picked: the criteria
         when the round's jobs counted them, else the first observed step; a loop
         with ``itf.converged`` follows its convergence value.
+
+        While a round runs, its progress is sampled every ``progress_interval_s``
+        seconds (0: never) without running a Spark job: the bar shows the round's
+        fraction done and time left, listeners' ``on_round_progress`` get an
+        ``itf.RoundSample``, and the event log a ``round_progress`` line at most
+        every ``event_log_progress_s`` seconds (0: none). See docs/events.md.
         """
         check_progress_option(progress)
         check_progress_from(progress_from)
@@ -134,6 +142,8 @@ class BoundedIteration(IterationBuilder):
             event_log=event_log,
             static_conditions=self._conditions,
             progress_from=progress_from,
+            progress_interval_s=progress_interval_s,
+            event_log_progress_s=event_log_progress_s,
         )
         loop = RoundLoop(
             body=self._body,

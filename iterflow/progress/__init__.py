@@ -8,6 +8,14 @@ from iterflow.progress.listeners import (
     RoundEnd,
     RoundListener,
 )
-from iterflow.records import RoundProgress
+from iterflow.records import RoundProgress, RoundSample
 
-__all__ = ["Emitter", "IterationEnd", "ListenerSet", "RoundEnd", "RoundListener", "RoundProgress"]
+__all__ = [
+    "Emitter",
+    "IterationEnd",
+    "ListenerSet",
+    "RoundEnd",
+    "RoundListener",
+    "RoundProgress",
+    "RoundSample",
+]

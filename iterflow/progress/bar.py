@@ -1,8 +1,10 @@
 """The progress bar of a run, drawn with tqdm on stderr. Pure Python.
 
-It redraws only at round ends, between Spark jobs: Spark's own console progress
-(off in iterflow's embedded session) draws while jobs run and clears its line
-when they finish, so the two never share the line at the same time.
+It redraws at round ends, and while a round runs whenever the round is sampled
+(``run(progress_interval_s=)``): the round's fraction done and the time it has
+left follow the last round's figures on the same line. Spark's own console
+progress bar is off in iterflow's embedded session; in a session of your own,
+set ``spark.ui.showConsoleProgress=false`` so the two do not share the line.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import IO
 
 from tqdm import tqdm
 
-from iterflow.records import RoundProgress
+from iterflow.records import RoundProgress, RoundSample
 
 _WITH_TOTAL = "{desc} round {n_fmt}/{total_fmt} |{bar}| [{elapsed}{postfix}]"
 _OPEN = "{desc} round {n_fmt} [{elapsed}{postfix}]"
@@ -46,6 +48,13 @@ def describe_round(progress: RoundProgress) -> str:
     return ", ".join(parts)
 
 
+def describe_sample(sample: RoundSample) -> str:
+    """One line on a running round: its fraction done and the time it has left."""
+    done = "..." if sample.fraction_done is None else f"{sample.fraction_done:.0%}"
+    left = "" if sample.eta_s is None else f", {_seconds(sample.eta_s)} left"
+    return f"epoch {sample.epoch} {done}{left}"
+
+
 class ProgressBar:
     """Rounds done out of ``max_rounds`` (or an open counter), updated at every round end.
 
@@ -66,6 +75,7 @@ class ProgressBar:
         out = file if file is not None else sys.stderr
         show = enabled if enabled is not None else bool(getattr(out, "isatty", bool)())
         self._bar: tqdm[None] | None = None
+        self._last_round = ""  # what the last round end showed
         if show:
             # Follow the terminal's width. One that reports 0 columns or lines (some
             # pseudo-terminals) would make tqdm print nothing: use 100 x 20 there.
@@ -103,8 +113,16 @@ class ProgressBar:
         if max_rounds is not None and max_rounds != self._bar.total:
             self._bar.total = max_rounds
             self._bar.bar_format = _WITH_TOTAL
-        self._bar.set_postfix_str(describe_round(progress), refresh=False)
+        self._last_round = describe_round(progress)
+        self._bar.set_postfix_str(self._last_round, refresh=False)
         self._bar.update(1)
+
+    def round_progress(self, sample: RoundSample) -> None:
+        """Show how far the running round is, after the last round's figures."""
+        if self._bar is None or sample.final:
+            return
+        shown = [part for part in (self._last_round, describe_sample(sample)) if part]
+        self._bar.set_postfix_str("; ".join(shown), refresh=True)
 
     def close(self, outcome: str) -> None:
         """Show how the run ended (``"converged at epoch 17"``) and release the line."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
@@ -26,7 +27,7 @@ from typing import Any
 
 from iterflow.errors import IterflowError, IterflowValueError
 from iterflow.metrics.values import MetricResult, results_to_json, value_to_json
-from iterflow.records import RoundProgress, Termination
+from iterflow.records import RoundProgress, RoundSample, Termination
 
 
 def progress_to_dict(p: RoundProgress) -> dict[str, Any]:
@@ -59,6 +60,23 @@ def progress_to_dict(p: RoundProgress) -> dict[str, Any]:
     }
 
 
+def sample_to_dict(sample: RoundSample) -> dict[str, Any]:
+    """Every field of ``sample`` under its own name, as JSON-ready data."""
+    return {
+        "epoch": sample.epoch,
+        "elapsed_s": sample.elapsed_s,
+        "fraction_done": sample.fraction_done,
+        "tasks_total": sample.tasks_total,
+        "tasks_done": sample.tasks_done,
+        "tasks_active": sample.tasks_active,
+        "rows_read": sample.rows_read,
+        "rows_by_step": dict(sample.rows_by_step),
+        "eta_s": sample.eta_s,
+        "final": sample.final,
+        "epoch_path": list(sample.epoch_path),
+    }
+
+
 def _finite(data: Any) -> Any:
     # JSON has no NaN or infinity; a diverging value or an unset gauge becomes null.
     if isinstance(data, float) and not math.isfinite(data):
@@ -88,6 +106,8 @@ class EventLog:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", encoding="utf-8")
+        # Rounds are sampled on a thread of their own: one line at a time.
+        self._lock = threading.Lock()
 
     def __enter__(self) -> EventLog:
         return self
@@ -101,7 +121,8 @@ class EventLog:
         self.close()
 
     def close(self) -> None:
-        self._file.close()
+        with self._lock:
+            self._file.close()
 
     def iteration_started(
         self,
@@ -135,6 +156,10 @@ class EventLog:
     def round_end(self, *, run_id: str, progress: RoundProgress) -> None:
         """A round finished: every ``RoundProgress`` field at the top level."""
         self._write("round_end", run_id, **progress_to_dict(progress))
+
+    def round_progress(self, *, run_id: str, sample: RoundSample) -> None:
+        """A round in progress: every ``RoundSample`` field at the top level."""
+        self._write("round_progress", run_id, **sample_to_dict(sample))
 
     def iteration_terminated(
         self,
@@ -191,16 +216,18 @@ class EventLog:
         self._write("rolled_back", run_id, to_epoch=to_epoch)
 
     def _write(self, event: str, run_id: str, **fields: Any) -> None:
-        if self._file.closed:
-            raise IterflowError(f"event log '{self.path}' is closed; open a new EventLog")
         record = {
             "event": event,
             "time": datetime.now(timezone.utc).isoformat(),
             "run_id": run_id,
             **fields,
         }
-        self._file.write(json.dumps(_finite(record), allow_nan=False) + "\n")
-        self._file.flush()
+        line = json.dumps(_finite(record), allow_nan=False) + "\n"
+        with self._lock:
+            if self._file.closed:
+                raise IterflowError(f"event log '{self.path}' is closed; open a new EventLog")
+            self._file.write(line)
+            self._file.flush()
 
 
 def _parents(events: Sequence[Mapping[str, Any]]) -> dict[Any, Any]:

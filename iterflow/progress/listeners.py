@@ -2,7 +2,8 @@
 
 A listener sees every round once, in epoch order, after the round's feedback,
 outputs and criteria are materialized; ``on_iteration_terminated`` comes once,
-after the last ``on_round_end``.
+after the last ``on_round_end``. ``on_round_progress`` hears samples of a round
+while it runs (``iterflow.progress.sampling``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 import attrs
 
 from iterflow.errors import IterflowTypeError, IterflowValueError
-from iterflow.records import RoundProgress, Termination
+from iterflow.records import RoundProgress, RoundSample, Termination
 
 
 class RoundListener:
@@ -24,6 +25,12 @@ class RoundListener:
 
     def on_iteration_terminated(self, ctx: IterationEnd) -> None:
         """Called once, after the last round."""
+
+    def on_round_progress(self, sample: RoundSample) -> None:
+        """Called while a round runs, every ``run(progress_interval_s=)`` seconds, on a
+        thread of the driver (never at the same time as ``on_round_end``); the round's
+        last sample (``sample.final``) comes before its ``on_round_end``. Keep it quick:
+        the next sample waits for it."""
 
 
 class Emitter:
@@ -174,6 +181,20 @@ class ListenerSet:
             except Exception as exc:
                 on_error(f"listener '{name}'", exc)
 
+    def round_progress(
+        self, sample: RoundSample, on_error: Callable[[str, BaseException], None]
+    ) -> None:
+        """Dispatch ``on_round_progress`` to the listener objects that define it (not to
+        per-round ones: a round's instance is made at its end)."""
+        for registration in self._registrations:
+            listener = registration.target
+            if registration.per_round or not hasattr(listener, "on_round_progress"):
+                continue
+            try:
+                listener.on_round_progress(sample)
+            except Exception as exc:
+                on_error(f"listener '{listener_name(listener)}' (on_round_progress)", exc)
+
     def iteration_terminated(
         self, ctx: IterationEnd, on_error: Callable[[str, BaseException], None]
     ) -> None:
@@ -188,7 +209,10 @@ class ListenerSet:
 
 
 def _is_listener(obj: Any) -> bool:
-    return hasattr(obj, "on_round_end") or hasattr(obj, "on_iteration_terminated")
+    return any(hasattr(obj, name) for name in _LISTENER_METHODS)
+
+
+_LISTENER_METHODS = ("on_round_end", "on_iteration_terminated", "on_round_progress")
 
 
 def _call_round_end(listener: Any, ctx: RoundEnd) -> None:

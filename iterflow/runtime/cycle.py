@@ -35,6 +35,7 @@ from iterflow.runtime.declaration import DeclarationCheck, RoundPlan
 from iterflow.runtime.driver_variables import DriverVariables
 from iterflow.runtime.materialize import Materialized, materialize, persist_owned, release
 from iterflow.runtime.round_context import CacheRegistry, SparkRoundScope
+from iterflow.runtime.round_sampler import SampleDeliveryError, delivery_failed
 from iterflow.runtime.run_observers import RunObservers, enclosing_round
 from iterflow.runtime.sinks import Sink
 from iterflow.termination import Condition
@@ -140,6 +141,7 @@ def evaluate_round(
             values=[c.value for c in plan.convergence if not callable(c.value)],
             epoch=epoch,
             on_driver={id(df) for name, df in feedback.items() if name in on_driver},
+            names=_step_names({**outputs, **feedback}),
         )
     except Exception as exc:
         fail(epoch, "materialization", exc)
@@ -156,6 +158,14 @@ def evaluate_round(
             if id(df) in done.tables
         },
     )
+
+
+def _step_names(frames: Mapping[str, DataFrame]) -> dict[int, tuple[str, ...]]:
+    """The names of each distinct DataFrame (by ``id()``): a feedback may be an output too."""
+    names: dict[int, tuple[str, ...]] = {}
+    for name, df in frames.items():
+        names[id(df)] = (*names.get(id(df), ()), name)
+    return names
 
 
 @attrs.frozen(kw_only=True)
@@ -221,6 +231,7 @@ class RoundCycle:
         self.owned_inputs: dict[str, DataFrame] = {}
         # The first epoch of this start: the variables' first values are released after it.
         self.first_epoch = 0
+        loop.observers.on_sample = partial(loop.listeners.round_progress, on_error=delivery_failed)
 
     def own_inputs(self, inputs: Mapping[str, DataFrame], skip: Collection[str] = ()) -> None:
         """Persist the ``inputs`` not in ``skip`` that are not cached already, until the end."""
@@ -276,6 +287,10 @@ class RoundCycle:
         """Complete ``progress`` with the round's metrics and estimate, add it to the
         history, show and log it, then call the listeners; the completed progress."""
         loop = self.loop
+        try:
+            loop.observers.round_done()  # the round's last sample, before its end
+        except SampleDeliveryError as exc:
+            fail(rnd.epoch, exc.stage, exc.cause)
         progress = loop.observers.complete(progress, conditions, loop.history)
         loop.history.append(progress)
         if loop.recent is not None:

@@ -14,7 +14,7 @@ checkpoints exist.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -32,6 +32,7 @@ from iterflow.runtime.jvm import (
     release_local_checkpoint,
     set_checkpoint_statistics,
 )
+from iterflow.runtime.round_status import note_rows, note_step
 from iterflow.runtime.schema import has_user_type
 
 _names = itertools.count()
@@ -40,6 +41,11 @@ _names = itertools.count()
 def unique_observation(prefix: str) -> Observation:
     """An Observation with a name no other plan of this process uses."""
     return Observation(f"iterflow_{prefix}_{next(_names)}")
+
+
+def observation_name(observation: Observation) -> str:
+    """The name Spark shows for ``observation`` (in its plan's ``CollectMetrics`` node)."""
+    return str(observation._name)
 
 
 def observe_rows(df: DataFrame, observation: Observation) -> DataFrame:
@@ -96,6 +102,7 @@ def materialize(
     values: Sequence[DataFrame],
     epoch: int,
     on_driver: Collection[int] = (),
+    names: Mapping[int, tuple[str, ...]] | None = None,
 ) -> Materialized:
     """Checkpoint ``targets``, test ``criteria`` for emptiness, read one-cell ``values``.
 
@@ -104,7 +111,11 @@ def materialize(
     them (a ``LocalRelation``): reading them later, in the next body or to
     commit them, runs no Spark job. A target with a user-defined type (an ML
     vector), which Arrow does not carry back, is checkpointed all the same.
+
+    ``names`` gives the step names of targets (by ``id()``), for progress sampling:
+    their row counts, live while their jobs run and exact once done.
     """
+    names = names or {}
     distinct = list({id(df): df for df in targets}.values())
     target_ids = {id(df) for df in distinct}
     extra_criteria = [df for df in criteria if id(df) not in target_ids]
@@ -123,6 +134,8 @@ def materialize(
     try:
         frames: dict[int, DataFrame] = {id(df): df for df in distinct if id(df) in held}
         rows: dict[int, int] = {key: table.num_rows for key, table in held.items()}
+        for key, count in rows.items():
+            note_rows(names.get(key, ()), count)
         tables: dict[int, Any] = dict(held)
         for df in in_spark:
             if id(df) in on_driver and not has_user_type(df.schema):
@@ -134,12 +147,15 @@ def materialize(
                 frames[id(df)] = held_frame(df.sparkSession, table.combine_chunks(), df.schema)
                 rows[id(df)] = table.num_rows
                 tables[id(df)] = table
+                note_rows(names.get(id(df), ()), table.num_rows)
                 continue
             observation = unique_observation("rows")
+            note_step(observation_name(observation), names.get(id(df), ()))
             observed = observe_rows(df, observation)
             frames[id(df)] = observed.localCheckpoint(eager=True)
             deliver_observations(observed)
             rows[id(df)] = int(observation.get["rows"])
+            note_rows(names.get(id(df), ()), rows[id(df)])
             set_checkpoint_statistics(frames[id(df)], rows[id(df)])
         empty = {id(df): (rows[id(df)] == 0 if id(df) in rows else df.isEmpty()) for df in criteria}
         read = {id(df): _one_cell(df, epoch) for df in values}

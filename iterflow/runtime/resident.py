@@ -52,6 +52,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import attrs
@@ -65,6 +66,7 @@ from pyspark.sql.types import StructType
 
 from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError, gist
 from iterflow.metrics._spark import BRIDGE, ROUND_PROPERTY, captured
+from iterflow.progress.sampling import Reading
 from iterflow.runtime.columnar import (
     FILE_COLUMN,
     Combine,
@@ -94,6 +96,44 @@ START_TIMEOUT_S = 60.0
 RELAUNCHES = 3
 #: The column that carries each row's partition of the resident DataFrame into the job.
 PARTITION_COLUMN = "__iterflow_partition"
+#: How often a resident task running a kernel call says how many partitions it has done.
+PROGRESS_EVERY_S = 0.25
+
+
+@attrs.define
+class _RoundCalls:
+    """The resident kernel calls of one round: partitions called, and done so far."""
+
+    epoch: int
+    called: int = 0
+    done: int = 0
+    #: The call in flight: each task's partitions, and how many it has done.
+    tasks: dict[int, tuple[int, int]] = attrs.Factory(dict)
+
+
+#: Run id -> the resident kernel calls of its current round (read by progress sampling).
+_ROUND_CALLS: dict[str, _RoundCalls] = {}
+_ROUND_CALLS_LOCK = threading.Lock()
+
+
+def resident_reading(run_id: str, epoch: int) -> Reading | None:
+    """The partitions the resident kernel calls of round ``epoch`` of ``run_id`` were
+    called on and have served so far (as tasks), or None when it made none."""
+    with _ROUND_CALLS_LOCK:
+        calls = _ROUND_CALLS.get(run_id)
+        if calls is None or calls.epoch != epoch:
+            return None
+        working = [done for parts, done in calls.tasks.values() if done < parts]
+        return Reading(
+            tasks_total=calls.called,
+            tasks_done=calls.done + sum(done for _parts, done in calls.tasks.values()),
+            tasks_active=len(working),
+        )
+
+
+def forget_resident_calls(run_id: str) -> None:
+    with _ROUND_CALLS_LOCK:
+        _ROUND_CALLS.pop(run_id, None)
 
 
 class ResidentUnavailable(Exception):
@@ -163,14 +203,21 @@ def _prepared(rows: list[pa.RecordBatch], prepare: Prepare | None, schema: pa.Sc
     return table.combine_chunks()
 
 
-def _serve(call: dict[str, Any], parts: dict[int, pa.Table]) -> dict[str, Any]:
-    """Run one kernel call over this task's partitions, in partition order."""
+def _serve(
+    call: dict[str, Any], parts: dict[int, pa.Table], report: Callable[[int], None] | None = None
+) -> dict[str, Any]:
+    """Run one kernel call over this task's partitions, in partition order; ``report(n)``
+    says ``n`` partitions are done, at most every ``PROGRESS_EVERY_S`` seconds."""
     kernel: KernelCall = call["kernel"]
     outputs: list[pa.RecordBatch] = []
+    reported = time.monotonic()
     with captured(call["run_id"], call["epoch"]) as updates:
         try:
-            for part in sorted(parts):
+            for done, part in enumerate(sorted(parts), start=1):
                 outputs.extend(kernel.outputs(part, parts[part]))
+                if report is not None and time.monotonic() - reported >= PROGRESS_EVERY_S:
+                    report(done)
+                    reported = time.monotonic()
         except Exception as error:
             return {"error": f"{type(error).__name__}: {error}", "trace": traceback.format_exc()}
     return {"outputs": outputs, "metrics": dict(updates)}
@@ -239,7 +286,7 @@ def _loop(
         except Exception as error:  # e.g. a kernel's module missing on this executor
             channel.send({"error": f"{type(error).__name__}: {error}", "trace": ""})
             continue
-        channel.send(_serve(call, parts))
+        channel.send(_serve(call, parts, lambda done: channel.send({"progress": done})))
 
 
 # -- the driver side ------------------------------------------------------------
@@ -311,6 +358,8 @@ class ResidentData:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._calling = threading.Lock()
+        self._held: dict[int, list[int]] = {}  # each task's partitions
+        self._calls: _RoundCalls | None = None  # the round of the kernel call in flight
         plane.register(self.job, self._serve_stream)
 
     # -- lifecycle ----------------------------------------------------------------
@@ -351,6 +400,9 @@ class ResidentData:
         empty = [part for part in range(self.partitions) if part not in held]
         replies = self._exchange(lambda task: {"adopt": empty if task == 0 else []})
         self.rows = sum(n for reply in replies for n in reply["rows"].values())
+        with self._lock:
+            tasks = sorted(self._streams)
+        self._held = {task: list(reply["rows"]) for task, reply in zip(tasks, replies, strict=True)}
 
     def _launch(self) -> None:
         self._generation += 1
@@ -371,6 +423,8 @@ class ResidentData:
         context = self.context
 
         def run() -> None:
+            # Not one of the launching round's jobs: its tasks outlive the round.
+            context.clearJobTags()
             context.setJobGroup(
                 group, f"iterflow resident tasks ({self.tasks})", interruptOnCancel=True
             )
@@ -403,6 +457,10 @@ class ResidentData:
             while True:
                 if message is None:
                     raise ResidentTaskLost("its stream closed")
+                if "progress" in message:  # partitions done so far in the call in flight
+                    self._progressed(task, message["progress"])
+                    message = channel.receive()
+                    continue
                 kind = "ready" if "bytes" in message else "reply"
                 self._arrivals.put((kind, generation, task, message))
                 outgoing = stream.outbox.get()
@@ -505,7 +563,8 @@ class ResidentData:
         run_id, epoch = current_round(self.context)
         call = KernelCall(kernel, args, indexed, declared, numbered=True)
         payload = cloudpickle.dumps({"kernel": call, "run_id": run_id, "epoch": epoch})
-        replies = self._call(payload)
+        with self._counted(run_id, epoch):
+            replies = self._call(payload)
         for reply in replies:
             BRIDGE.merge(reply["metrics"])
         batches = [batch for reply in replies for batch in reply["outputs"]]
@@ -520,6 +579,31 @@ class ResidentData:
             out_schema = schema
         self.calls += 1
         return held_frame(self.spark, table, declared_struct(self.spark, out_schema))
+
+    @contextmanager
+    def _counted(self, run_id: str, epoch: int) -> Iterator[None]:
+        """Inside, a kernel call of round ``epoch`` of ``run_id`` runs: its partitions
+        count toward the round's progress (``resident_reading``)."""
+        with _ROUND_CALLS_LOCK:
+            calls = _ROUND_CALLS.get(run_id)
+            if calls is None or calls.epoch != epoch:
+                calls = _ROUND_CALLS[run_id] = _RoundCalls(epoch)
+            calls.called += self.partitions
+            calls.tasks = {task: (len(parts), 0) for task, parts in self._held.items()}
+        self._calls = calls
+        try:
+            yield
+        finally:
+            with _ROUND_CALLS_LOCK:
+                calls.done += sum(parts for parts, _done in calls.tasks.values())
+                calls.tasks = {}
+            self._calls = None
+
+    def _progressed(self, task: int, done: int) -> None:
+        with _ROUND_CALLS_LOCK:
+            calls = self._calls
+            if calls is not None and task in calls.tasks:
+                calls.tasks[task] = (calls.tasks[task][0], done)
 
     def _call(self, payload: bytes) -> list[dict[str, Any]]:
         """Send one kernel call to every resident task; relaunch the job and send it again

@@ -9,12 +9,14 @@ from iterflow.errors import IterflowTypeError, IterflowValueError
 from iterflow.runtime.columnar import ColumnarData, Prepare, plan_key
 from iterflow.runtime.jvm import await_observations
 from iterflow.runtime.materialize import (
+    observation_name,
     observe_rows,
     observed_rows,
     persist_owned,
     unique_observation,
 )
 from iterflow.runtime.resident import ResidentData, ResidentPolicy
+from iterflow.runtime.round_status import note_step
 
 
 class CacheRegistry:
@@ -83,6 +85,7 @@ class SparkRoundScope:
             )
         observation = unique_observation("observe")
         self._observations[name] = observation
+        note_step(observation_name(observation), (name,), observation)
         return observe_rows(df, observation)
 
     def cache(self, df: DataFrame, lifecycle: Lifecycle) -> DataFrame:

@@ -33,9 +33,10 @@ from iterflow.progress.estimate import (
     estimate_remaining,
 )
 from iterflow.progress.events import EventLog
-from iterflow.records import RoundProgress, Termination
+from iterflow.records import RoundProgress, RoundSample, Termination
 from iterflow.runtime.jvm import spark_context
 from iterflow.runtime.resident import Residency
+from iterflow.runtime.round_sampler import RoundSampler
 from iterflow.runtime.schema import describe_inputs
 from iterflow.termination import Condition, Converged, max_rounds_of
 
@@ -52,6 +53,10 @@ class ObserverOptions:
     #: The count the estimate of the rounds left follows (``run(progress_from=)``);
     #: None picks one (see ``count_series``).
     progress_from: str | None = None
+    #: Seconds between samples of a running round (0: none).
+    progress_interval_s: float = 0.5
+    #: Seconds between ``round_progress`` events in the event log, at least (0: none).
+    event_log_progress_s: float = 5.0
 
 
 def _open_log(path: str | os.PathLike[str] | None) -> EventLog | None:
@@ -138,6 +143,11 @@ class RunObservers:
         self._pending_start: Callable[[], None] | None = None
         self._progress_from = options.progress_from
         self._series_checked = False
+        #: Where samples of a running round go besides the bar and the log (listeners).
+        self.on_sample: Callable[[RoundSample], None] | None = None
+        self._log_every_s = options.event_log_progress_s
+        self._logged_at: float | None = None
+        self._sampler = RoundSampler(spark, self.run_id, options.progress_interval_s, self._sampled)
 
     @property
     def elapsed_s(self) -> float:
@@ -187,10 +197,29 @@ class RunObservers:
         self.metrics.start_round(epoch)
         token = _RUNNING.set((*_RUNNING.get(), (self, epoch)))
         try:
-            with BRIDGE.round_property(self._context, self.run_id, epoch):
+            with (
+                BRIDGE.round_property(self._context, self.run_id, epoch),
+                self._sampler.round(epoch, (*self.path, epoch)),
+            ):
                 yield
         finally:
             _RUNNING.reset(token)
+
+    def round_done(self) -> None:
+        """The running round's work is done: its last sample goes out (if it was sampled);
+        raises ``SampleDeliveryError`` when a listener failed on one of its samples."""
+        self._sampler.finish()
+
+    def _sampled(self, sample: RoundSample) -> None:
+        """Show, log and hand on a sample of the running round."""
+        self._bar.round_progress(sample)
+        if self._log is not None and self._log_every_s > 0:
+            now = time.perf_counter()
+            if self._logged_at is None or now - self._logged_at >= self._log_every_s:
+                self._logged_at = now
+                self._log.round_progress(run_id=self.run_id, sample=sample)
+        if self.on_sample is not None:
+            self.on_sample(sample)
 
     def complete(
         self,
@@ -289,6 +318,7 @@ class RunObservers:
         """Final metrics push (it completes before this returns), then release everything."""
         self._bar.close("stopped")  # a no-op once the run's outcome closed it
         try:
+            self._sampler.close()
             self.flush_start()
             self._pusher.stop()
         finally:

@@ -72,6 +72,8 @@ class UnboundedIteration(IterationBuilder):
         progress: bool | None = None,
         event_log: str | os.PathLike[str] | None = None,
         spark: SparkSession | None = None,
+        progress_interval_s: float = 0.5,
+        event_log_progress_s: float = 5.0,
     ) -> UnboundedQuery:
         """Start the streaming query; returns its handle at once.
 
@@ -87,6 +89,9 @@ class UnboundedIteration(IterationBuilder):
         first). ``max_rows_per_epoch`` cuts large micro-batches into several
         epochs. After a micro-batch's input, up to ``max_epochs_per_batch``
         epochs drain feedback before Spark may start the next micro-batch.
+
+        ``progress_interval_s`` and ``event_log_progress_s`` sample running epochs as
+        ``BoundedIteration.run`` samples rounds.
         """
         check_progress_option(progress)
         _check_start(checkpoint_location, available_now, processing_time)
@@ -120,6 +125,8 @@ class UnboundedIteration(IterationBuilder):
             progress=progress,
             event_log=event_log,
             nestable=False,
+            progress_interval_s=progress_interval_s,
+            event_log_progress_s=event_log_progress_s,
         )
         assert checkpointing is not None  # checkpoints were given
         loop = EpochLoop(

@@ -1,0 +1,322 @@
+"""Where a running round's progress is read from, without running a Spark job.
+
+- Classic sessions: the round's jobs carry a job tag (``RoundTag``); Spark's status
+  store gives their tasks (total, done, active) and the rows their stages read so
+  far, and the live SQL metrics of the round's running executions give the rows out
+  of its named steps. A step is found by its row-count observation (the
+  ``CollectMetrics`` node of ``ctx.observe`` or of a feedback's or output's
+  materialization); its rows are the output rows of the first operator below it
+  that counts them, through operators that keep every row (projections,
+  exchanges, sorts...). Where the plan puts anything else in between, the step's
+  rows are left out until its job ends and counts them exactly.
+- Spark Connect: the client's progress handler (``registerProgressHandler``,
+  PySpark 4.0 and later) reports each operation's stages: tasks and bytes read.
+- Resident kernel calls (``iterflow.runtime.resident``) report the partitions their
+  tasks have served through the data plane.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import attrs
+from pyspark.sql import SparkSession
+
+from iterflow.progress.sampling import Reading
+from iterflow.runtime.jvm import spark_context
+
+#: Operators that output every row they take, and no metric of their own counts them.
+_KEEP_ROWS = frozenset(
+    {
+        "AQEShuffleRead",
+        "AdaptiveSparkPlan",
+        "CollectMetrics",
+        "ColumnarToRow",
+        "DeserializeToObject",
+        "Exchange",
+        "InputAdapter",
+        "Project",
+        "ReusedExchange",
+        "RowToColumnar",
+        "SerializeFromObject",
+        "ShuffleQueryStage",
+        "Sort",
+        "WholeStageCodegen",
+    }
+)
+_OUTPUT_ROWS = "number of output rows"
+_OBSERVATION = re.compile(r"^CollectMetrics (iterflow_\w+?_\d+),")
+#: How many of the newest SQL executions are searched for the round's running ones.
+_NEWEST_EXECUTIONS = 4
+
+
+@attrs.define
+class RoundSteps:
+    """The named steps of the round running now: which row-count observation stands for
+    which step, and the exact rows of those already counted."""
+
+    observations: dict[str, tuple[str, ...]] = attrs.Factory(dict)
+    counted: dict[str, int] = attrs.Factory(dict)
+    #: ``ctx.observe`` steps not counted yet: their Observation, by step name.
+    pending: dict[str, Any] = attrs.Factory(dict)
+
+
+_STEPS: ContextVar[RoundSteps | None] = ContextVar("iterflow_round_steps", default=None)
+
+
+@contextmanager
+def round_steps(steps: RoundSteps) -> Iterator[RoundSteps]:
+    """Inside, the steps this thread's round defines are noted in ``steps``."""
+    token = _STEPS.set(steps)
+    try:
+        yield steps
+    finally:
+        _STEPS.reset(token)
+
+
+def note_step(observation: str, names: Iterable[str], handle: Any = None) -> None:
+    """The rows observed by ``observation`` are those of the steps ``names``; ``handle``,
+    the Observation itself, when nothing else tells when it is counted."""
+    steps = _STEPS.get()
+    if steps is not None:
+        steps.observations[observation] = tuple(names)
+        if handle is not None:
+            steps.pending.update(dict.fromkeys(names, handle))
+
+
+def note_rows(names: Iterable[str], rows: int) -> None:
+    """The steps ``names`` are done: ``rows`` rows, exactly."""
+    steps = _STEPS.get()
+    if steps is not None:
+        for name in names:
+            steps.counted[name] = rows
+
+
+def round_tag(run_id: str, epoch: int) -> str:
+    """The job tag of round ``epoch`` of ``run_id`` (also set on nested rounds' jobs)."""
+    return f"iterflow-{run_id}-{epoch}"
+
+
+def _int(text: Any) -> int | None:
+    try:
+        return int(str(text).replace(",", ""))
+    except ValueError:
+        return None
+
+
+def _items(seq: Any) -> Iterator[Any]:
+    """The elements of a Scala collection handed over by py4j."""
+    iterator = seq.iterator()
+    while iterator.hasNext():
+        yield iterator.next()
+
+
+class _Execution:
+    """The steps of one SQL execution: the accumulator counting each one's rows."""
+
+    def __init__(self, sql: Any, execution_id: int, observations: Mapping[str, tuple[str, ...]]):
+        graph = sql.planGraph(execution_id)
+        nodes: dict[int, tuple[str, str, int | None]] = {}
+        for node in _items(graph.allNodes()):
+            counter = None
+            for metric in _items(node.metrics()):
+                if metric.name() == _OUTPUT_ROWS:
+                    counter = int(metric.accumulatorId())
+            nodes[int(node.id())] = (str(node.name()), str(node.desc()), counter)
+        children: dict[int, list[int]] = {}
+        for edge in _items(graph.edges()):
+            children.setdefault(int(edge.toId()), []).append(int(edge.fromId()))
+        # Adaptive execution re-plans the stages after the first: read the plan again.
+        self.final = not any("isFinalPlan=false" in desc for _n, desc, _c in nodes.values())
+        self.counters: dict[tuple[str, ...], int] = {}
+        for node_id, (_name, desc, _counter) in nodes.items():
+            found = _OBSERVATION.match(desc)
+            if found is None or found.group(1) not in observations:
+                continue
+            counter = _counter_below(node_id, nodes, children)
+            if counter is not None:
+                self.counters[observations[found.group(1)]] = counter
+        self.ours = any(
+            (m := _OBSERVATION.match(desc)) is not None and m.group(1) in observations
+            for _name, desc, _counter in nodes.values()
+        )
+
+
+def _counter_below(
+    node_id: int, nodes: Mapping[int, tuple[str, str, int | None]], children: dict[int, list[int]]
+) -> int | None:
+    """The accumulator of the first operator below ``node_id`` that counts its output rows,
+    through operators that keep every row; None if another kind comes first."""
+    below = children.get(node_id, [])
+    while len(below) == 1:
+        name, _desc, counter = nodes[below[0]]
+        if counter is not None:
+            return counter
+        if name.split(" ")[0] not in _KEEP_ROWS:
+            return None
+        below = children.get(below[0], [])
+    return None
+
+
+class ClassicStatus:
+    """Reads a classic session's status store about the jobs of one round (by job tag)."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        context = spark_context(spark)
+        assert context is not None
+        jsc = context._jsc.sc()
+        self._tracker = jsc.statusTracker()
+        self._store = jsc.statusStore()
+        self._sql = spark._jsparkSession.sharedState().statusStore()
+        self._context = context
+        self._done: dict[int, tuple[int, int, int]] = {}  # finished job -> (total, done, read)
+        self._executions: dict[int, _Execution] = {}
+
+    @contextmanager
+    def tagged(self, tag: str) -> Iterator[None]:
+        """Inside, the jobs this thread starts carry ``tag``."""
+        self._context.addJobTag(tag)
+        try:
+            yield
+        finally:
+            self._context.removeJobTag(tag)
+
+    def forget(self) -> None:
+        """The round ended: what was cached of its jobs and executions goes."""
+        self._done.clear()
+        self._executions.clear()
+
+    def read(self, tag: str, steps: RoundSteps) -> Reading:
+        total = done = active = read = 0
+        for job_id in self._tracker.getJobIdsForTag(tag):
+            job_id = int(job_id)
+            known = self._done.get(job_id)
+            if known is None:
+                job = self._store.job(job_id)
+                counts = (
+                    int(job.numTasks()),
+                    int(job.numCompletedIndices()) + int(job.numSkippedTasks()),
+                    self._rows_read(job.stageIds()),
+                )
+                if str(job.status()) != "RUNNING":
+                    self._done[job_id] = counts
+                else:
+                    active += int(job.numActiveTasks())
+                known = counts
+            total, done, read = total + known[0], done + known[1], read + known[2]
+        return Reading(
+            tasks_total=total,
+            tasks_done=done,
+            tasks_active=active,
+            rows_read=read,
+            rows_by_step=self._live_rows(steps),
+        )
+
+    def _rows_read(self, stage_ids: Any) -> int:
+        rows = 0
+        for stage_id in _items(stage_ids):
+            try:
+                stage = self._store.lastStageAttempt(int(stage_id))
+            except Exception:  # a stage not in the store yet has read nothing
+                continue
+            rows += int(stage.inputRecords())
+        return rows
+
+    def _live_rows(self, steps: RoundSteps) -> dict[str, int]:
+        """Rows so far of the steps in the round's running SQL executions."""
+        observations = dict(steps.observations)
+        if not observations:
+            return {}
+        rows: dict[str, int] = {}
+        count = int(self._sql.executionsCount())
+        start = max(count - _NEWEST_EXECUTIONS, 0)
+        if count == start:
+            return rows
+        for execution in _items(self._sql.executionsList(start, count - start)):
+            if execution.completionTime().isDefined():
+                continue
+            execution_id = int(execution.executionId())
+            known = self._executions.get(execution_id)
+            if known is None or (known.ours and not (known.final and known.counters)):
+                known = _Execution(self._sql, execution_id, observations)
+                self._executions[execution_id] = known
+            if not known.counters:
+                continue
+            metrics = self._sql.executionMetrics(execution_id)
+            for names, counter in known.counters.items():
+                value = metrics.get(counter)
+                if value.isDefined() and (n := _int(value.get())) is not None:
+                    rows.update(dict.fromkeys(names, n))
+        return rows
+
+
+@attrs.define
+class _Operation:
+    tasks: int = 0
+    done: int = 0
+    active: int = 0
+
+
+class ConnectStatus:
+    """Reads what a Spark Connect client's progress handler reported about a round.
+
+    The handler hears every operation the session runs; those run while the round
+    is current, on its thread, count toward it.
+    """
+
+    def __init__(self, spark: SparkSession) -> None:
+        self._spark: Any = spark
+        self._lock = threading.Lock()
+        self._thread: int | None = None
+        self._operations: dict[str, _Operation] = {}
+        self._registered = False
+        register = getattr(spark, "registerProgressHandler", None)
+        if register is not None:
+            register(self._handle)
+            self._registered = True
+
+    @property
+    def available(self) -> bool:
+        return self._registered
+
+    @contextmanager
+    def tagged(self, tag: str) -> Iterator[None]:
+        with self._lock:
+            self._thread = threading.get_ident()
+        yield
+
+    def forget(self) -> None:
+        with self._lock:
+            self._thread = None
+            self._operations = {}
+
+    def close(self) -> None:
+        if self._registered:
+            self._spark.removeProgressHandler(self._handle)
+            self._registered = False
+
+    def _handle(self, **kwargs: Any) -> None:
+        if threading.get_ident() != self._thread:
+            return
+        stages = kwargs.get("stages") or []
+        operation = _Operation(
+            tasks=sum(int(s.num_tasks) for s in stages),
+            done=sum(int(s.num_completed_tasks) for s in stages),
+            active=0 if kwargs.get("done") else int(kwargs.get("inflight_tasks") or 0),
+        )
+        with self._lock:
+            self._operations[str(kwargs.get("operation_id"))] = operation
+
+    def read(self, tag: str, steps: RoundSteps) -> Reading:
+        with self._lock:
+            operations = list(self._operations.values())
+        return Reading(
+            tasks_total=sum(o.tasks for o in operations),
+            tasks_done=sum(o.done for o in operations),
+            tasks_active=sum(o.active for o in operations),
+        )
