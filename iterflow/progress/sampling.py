@@ -78,7 +78,9 @@ class RoundGauge:
     def sample(self, reading: Reading, elapsed_s: float, *, final: bool = False) -> RoundSample:
         """The sample for ``reading``, taken ``elapsed_s`` into the round; ``final`` when the
         round's work is done."""
-        fraction = self._fraction(reading, final)
+        known = max(reading.tasks_total, self.expected_tasks or 0)
+        now = None if known == 0 else min(reading.tasks_done / known, _UNFINISHED)
+        fraction = self._fraction(now, final)
         sample = RoundSample(
             epoch=self.epoch,
             elapsed_s=elapsed_s,
@@ -88,24 +90,26 @@ class RoundGauge:
             tasks_active=0 if final else reading.tasks_active,
             rows_read=reading.rows_read,
             rows_by_step=self._rows(reading.rows_by_step),
-            eta_s=0.0 if final else self._eta(reading, fraction, elapsed_s),
+            eta_s=0.0 if final else self._eta(reading, now, elapsed_s),
             final=final,
             epoch_path=self.path,
         )
         self.last = sample
         return sample
 
-    def _fraction(self, reading: Reading, final: bool) -> float | None:
+    def _fraction(self, fraction: float | None, final: bool) -> float | None:
+        """The fraction shown: ``fraction`` (done of the tasks known now), never less than
+        the last sample showed."""
         if final:
             return 1.0
-        known = max(reading.tasks_total, self.expected_tasks or 0)
-        fraction = None if known == 0 else min(reading.tasks_done / known, _UNFINISHED)
         before = None if self.last is None else self.last.fraction_done
         if before is not None and (fraction is None or fraction < before):
             return before  # a job that just started adds tasks: the round did not go back
         return fraction
 
     def _eta(self, reading: Reading, fraction: float | None, elapsed_s: float) -> float | None:
+        """Seconds left, from the fraction done of the tasks known now (not the fraction
+        shown, which holds while new jobs add tasks)."""
         prior = None if self.expected_s is None else max(self.expected_s - elapsed_s, 0.0)
         if fraction is None or fraction < _EARLY:
             return prior
