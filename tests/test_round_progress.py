@@ -12,6 +12,9 @@ from contextlib import redirect_stderr
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -19,6 +22,7 @@ from sessions import jobs_started
 
 import iterflow as itf
 from iterflow.progress.sampling import Reading, RoundGauge
+from iterflow.runtime.resident import RESIDENT_CONF
 
 ROWS = 24
 #: Seconds each row of the slow body takes in its UDF: ROWS * SLOW_S / 2 cores >= 3 s.
@@ -282,3 +286,44 @@ def test_exact_counts_win_and_live_rows_never_go_back() -> None:
     assert gauge.sample(Reading(rows_by_step={"x": 5}), 2.0).rows_by_step == {"x": 30, "seen": 10}
     gauge.counted = {"x": 25}  # its job finished: the exact count
     assert gauge.sample(Reading(rows_by_step={"x": 40}), 3.0).rows_by_step["x"] == 25
+
+
+def test_resident_kernel_calls_report_their_partitions(spark: SparkSession) -> None:
+    partitions = 8
+
+    def slow_sum(table: pa.Table) -> pa.Table:
+        time.sleep(0.3)
+        return pa.table({"total": [float(pc.sum(table["x"]).as_py() or 0.0)]})
+
+    @itf.body
+    def sums(acc: DataFrame, points: DataFrame, ctx: itf.RoundContext) -> itf.Declaration:
+        totals = ctx.columnar(points).map(slow_sum, "total DOUBLE")
+        new_acc = totals.agg(F.sum("total").alias("acc"))
+        return itf.Declaration(feedback={"acc": new_acc}, outputs={"acc": new_acc})
+
+    points = spark.createDataFrame(pa.table({"x": np.arange(80.0)})).repartition(partitions)
+    recorder = Recorder()
+    spark.conf.set(RESIDENT_CONF, "on")
+    try:
+        result = (
+            itf.BoundedIteration(sums)
+            .bind("acc", spark.createDataFrame([(0.0,)], "acc double"))
+            .bind("points", points)
+            .until(itf.max_rounds(2))
+            .listen(recorder)
+            .run(progress=False, progress_interval_s=0.1)
+        )
+    finally:
+        spark.conf.unset(RESIDENT_CONF)
+    assert result.history[1].resident
+    assert result.outputs["acc"].first()["acc"] == pytest.approx(np.arange(80.0).sum())
+    # Round 1's kernel call runs in the resident task, not as a Spark job: while it is in
+    # flight, the round's tasks are its partitions, counted as the task serves them.
+    resident_round = [s for s in recorder.samples if s.epoch == 1]
+    calling = [s for s in resident_round if s.tasks_total == partitions]
+    serving = [s.tasks_done for s in calling if 0 < s.tasks_done < partitions]
+    assert serving, resident_round  # partitions done while the call was in flight
+    assert serving == sorted(serving)
+    assert all(s.tasks_active == 1 for s in calling if s.tasks_done < partitions)
+    last = resident_round[-1]
+    assert last.final and last.tasks_done == last.tasks_total >= partitions
