@@ -217,6 +217,21 @@ class HadoopFiles:
     def delete(self, path: str) -> None:
         self._fs(path).delete(self._path(path), True)
 
+    def glob(self, pattern: str) -> list[tuple[str, bool]]:
+        """The URI and whether it is a directory of each path ``pattern`` matches (Hadoop's
+        glob syntax, as Spark expands a path it reads)."""
+        found = self._fs(pattern).globStatus(self._path(pattern)) or []
+        return [(str(s.getPath().toUri().toString()), bool(s.isDirectory())) for s in found]
+
+    def modification_times(self, path: str) -> dict[str, int]:
+        """URI -> modification time (ms since the epoch) of every file under ``path``."""
+        found = self._fs(path).listFiles(self._path(path), True)
+        times: dict[str, int] = {}
+        while found.hasNext():
+            status = found.next()
+            times[str(status.getPath().toUri().toString())] = int(status.getModificationTime())
+        return times
+
 
 def in_session(df: DataFrame, spark: SparkSession) -> DataFrame:
     """``df``'s plan as a DataFrame of ``spark``.
@@ -367,3 +382,56 @@ def byte_setting(context: SparkContext, name: str, value: str) -> int:
         raise IterflowValueError(
             f"{name}={value!r} is not a size; use bytes or a unit, e.g. '512m' or '4g'"
         ) from error
+
+
+def time_setting_ms(context: SparkContext, value: str) -> int:
+    """``value`` (``"7d"``, ``"1h"``, ``"500"``) in milliseconds, parsed as Spark parses times."""
+    utils = context._jvm.org.apache.spark.network.util.JavaUtils  # type: ignore[union-attr]
+    return int(utils.timeStringAsMs(value))
+
+
+def stream_checkpoint(query: Any) -> str:
+    """The qualified checkpoint location of the running streaming query ``query``."""
+    return str(query._jsq.streamingQuery().resolvedCheckpointRoot())
+
+
+def file_sources(query: Any, hadoop: HadoopFiles) -> dict[int, tuple[str, dict[str, str] | None]]:
+    """Source index -> (qualified path, read options with keys in lower case) of each file
+    source of the running streaming query ``query`` (a ``StreamingQuery``); the index is
+    the source's position in ``lastProgress["sources"]`` and its directory under the
+    checkpoint's ``sources/``.
+
+    The options are None when the query reads the same path twice with different options.
+    Empty before the query planned its first micro-batch.
+    """
+    execution = query._jsq.streamingQuery()
+    # The reads as the user wrote them, with their options, keyed by the qualified path.
+    options_at: dict[str, list[dict[str, str]]] = {}
+    leaves = execution.analyzedPlan().collectLeaves()
+    converters = hadoop._jvm.scala.jdk.javaapi.CollectionConverters
+    for k in range(leaves.size()):
+        leaf = leaves.apply(k)
+        if leaf.getClass().getSimpleName() != "StreamingRelation":
+            continue
+        options = {
+            str(key).lower(): str(value)
+            for key, value in converters.asJava(leaf.dataSource().options()).items()
+        }
+        path = options.get("path")
+        if path is not None:
+            options_at.setdefault(hadoop.qualify(path), []).append(options)
+    # The sources as Spark numbers them: distinct, in plan order.
+    sources = execution.sources()
+    if sources is None:
+        return {}
+    sources = sources.distinct()
+    found: dict[int, tuple[str, dict[str, str] | None]] = {}
+    for index in range(sources.size()):
+        described = str(sources.apply(index).toString())
+        if not (described.startswith("FileStreamSource[") and described.endswith("]")):
+            continue
+        path = described[len("FileStreamSource[") : -1]
+        reads = options_at.get(path, [])
+        same = bool(reads) and all(r == reads[0] for r in reads)
+        found[index] = (path, reads[0] if same else None)
+    return found

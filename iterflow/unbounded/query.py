@@ -9,6 +9,7 @@ from typing import Any
 from pyspark.sql.streaming import StreamingQuery
 
 from iterflow.records import RoundProgress, Termination
+from iterflow.unbounded.backlog import SourceBacklog
 from iterflow.unbounded.epochs import EpochLoop
 
 #: How often the watcher looks at the streaming query (seconds).
@@ -34,7 +35,9 @@ class UnboundedQuery:
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._termination: Termination | None = None
-        loop.source_backlog = self._source_backlog
+        loop.source_backlog = SourceBacklog(
+            loop.spark, stream, loop.streams, lambda: loop.loop.history
+        ).measure
         self._watcher = threading.Thread(
             target=self._watch, name=f"iterflow-unbounded-{loop.body.name}", daemon=True
         )
@@ -166,18 +169,6 @@ class UnboundedQuery:
         )
 
     # -- the watcher ---------------------------------------------------------------------
-
-    def _source_backlog(self) -> dict[str, float]:
-        """What the sources report as waiting, from the last finished micro-batch."""
-        backlog: dict[str, float] = {}
-        last: Any = self._stream.lastProgress or {}
-        for index, source in enumerate(last.get("sources", [])):
-            for key, value in (source.get("metrics") or {}).items():
-                try:
-                    backlog[f"source.{index}.{key}"] = float(value)
-                except (TypeError, ValueError):
-                    continue
-        return backlog
 
     def _watch(self) -> None:
         loop = self._loop
