@@ -131,6 +131,7 @@ def test_a_slow_round_is_sampled_while_it_runs(spark: SparkSession, tmp_path: Pa
     events = [json.loads(line) for line in log.read_text().splitlines()]
     sampled = [e for e in events if e["event"] == "round_progress"]
     assert sampled, "the log has round_progress lines"
+    assert all(e["elapsed_s"] >= 1.0 for e in sampled)  # none for a round's first second
     times = [
         e["elapsed_s"] + sum(p.duration_s for p in result.history[: e["epoch"]]) for e in sampled
     ]

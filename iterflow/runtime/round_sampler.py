@@ -120,7 +120,8 @@ class RoundSampler:
             try:
                 yield
             finally:
-                self._stop()
+                if self._stop() is not None:  # the round failed before its end
+                    self._forget()
 
     def finish(self) -> None:
         """The round's work is done: its final sample (if it was sampled at all) is
@@ -128,6 +129,12 @@ class RoundSampler:
         current = self._stop()
         if current is None:
             return
+        try:
+            self._finish(current)
+        finally:
+            self._forget()
+
+    def _finish(self, current: _Round) -> None:
         gauge = current.gauge
         if current.error is not None:
             raise current.error
@@ -142,6 +149,11 @@ class RoundSampler:
             return
         self._expected = (reading.tasks_total or None, elapsed)
         self.deliver(gauge.sample(reading, elapsed, final=True))
+
+    def _forget(self) -> None:
+        """Drop what the source kept about the round that ended."""
+        if self._source is not None:
+            self._source.forget()
 
     def close(self) -> None:
         with self._changed:
@@ -173,8 +185,6 @@ class RoundSampler:
             self._changed.notify_all()
         with self._sampling:
             pass
-        if current is not None and self._source is not None:
-            self._source.forget()
         return current
 
     def _read(self, current: _Round) -> Reading:

@@ -184,6 +184,8 @@ class RunObservers:
             self._pending_start = lambda: log.iteration_started(
                 **described, resident=(resident() if resident else UNBOUNDED).describe()
             )
+            if resident is None:  # nothing to wait for
+                self.flush_start()
 
     def flush_start(self) -> None:
         """Write the pending ``iteration_started`` event now (once)."""
@@ -213,9 +215,14 @@ class RunObservers:
     def _sampled(self, sample: RoundSample) -> None:
         """Show, log and hand on a sample of the running round."""
         self._bar.round_progress(sample)
-        if self._log is not None and self._log_every_s > 0:
+        # Not before the run's start line, which waits for its resident mode to be known.
+        # A round shorter than the log's interval logs none: its round_end says it all.
+        every = self._log_every_s
+        if self._log is not None and every > 0 and self._pending_start is None:
             now = time.perf_counter()
-            if self._logged_at is None or now - self._logged_at >= self._log_every_s:
+            if sample.elapsed_s >= every and (
+                self._logged_at is None or now - self._logged_at >= every
+            ):
                 self._logged_at = now
                 self._log.round_progress(run_id=self.run_id, sample=sample)
         if self.on_sample is not None:
