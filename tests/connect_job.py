@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 import warnings
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -120,6 +121,51 @@ def graph_arrow(spark: SparkSession) -> dict:  # type: ignore[type-arg]
     }
 
 
+def sampled(spark: SparkSession) -> dict:  # type: ignore[type-arg]
+    """Two rounds of a slow UDF (>= 1 s each), sampled every 0.2 s: what the client's
+    progress handler let iterflow see of them."""
+    samples: list[itf.RoundSample] = []
+
+    def sleep_then(value):  # type: ignore[no-untyped-def]  # (hints would ask for pandas)
+        time.sleep(0.1)
+        return value
+
+    slow = F.udf(sleep_then, "long")
+
+    @itf.body
+    def step(x: DataFrame, ctx: itf.RoundContext) -> itf.Declaration:
+        slowed = ctx.observe("slowed", x.repartition(4).withColumn("v", slow("v")))
+        nxt = slowed.select((F.col("v") + 1).alias("v"))
+        return itf.Declaration(feedback={"x": nxt}, outputs={"x": nxt})
+
+    class Samples(itf.RoundListener):
+        def on_round_progress(self, sample: itf.RoundSample) -> None:
+            samples.append(sample)
+
+    start = spark.range(0, 24, 1, 4).selectExpr("id AS v")
+    result = (
+        itf.BoundedIteration(step)
+        .bind("x", start)
+        .until(itf.max_rounds(2))
+        .listen(Samples())
+        .run(progress=False, progress_interval_s=0.2)
+    )
+    return {
+        "durations": [p.duration_s for p in result.history],
+        "samples": [
+            {
+                "epoch": s.epoch,
+                "fraction": s.fraction_done,
+                "done": s.tasks_done,
+                "total": s.tasks_total,
+                "final": s.final,
+                "rows_by_step": dict(s.rows_by_step),
+            }
+            for s in samples
+        ],
+    }
+
+
 def main() -> None:
     # PySpark's in-process Connect server: it listens on port 15002, where its client
     # connects (the test checks first that no other server holds the port).
@@ -160,6 +206,7 @@ def main() -> None:
                 "coefficients": [*fit.coefficients.tolist(), fit.intercept],
                 "executor_metric": executor_metric(spark),
                 "graph": graph_arrow(spark),
+                "sampled": sampled(spark),
             }
         )
     )

@@ -68,6 +68,21 @@ def test_criteria_and_ml(connect_run: dict[str, Any]) -> None:
     np.testing.assert_allclose(connect_run["coefficients"], solution, atol=1e-6)
 
 
+def test_rounds_are_sampled_from_the_clients_progress_handler(
+    connect_run: dict[str, Any],
+) -> None:
+    sampled = connect_run["sampled"]
+    for epoch, duration in enumerate(sampled["durations"]):
+        samples = [s for s in sampled["samples"] if s["epoch"] == epoch]
+        assert len(samples) >= 3, (duration, samples)
+        fractions = [s["fraction"] for s in samples if s["fraction"] is not None]
+        assert fractions == sorted(fractions) and fractions[-1] == 1.0
+        assert [s["final"] for s in samples] == [False] * (len(samples) - 1) + [True]
+        # Tasks come from the stages the server reported to the client.
+        assert samples[-1]["total"] > 0 and samples[-1]["done"] <= samples[-1]["total"]
+        assert samples[-1]["rows_by_step"] == {"x": 24, "slowed": 24}
+
+
 #: The foundation's core semantics tests (bodies, bounded iterations, termination,
 #: listeners and progress, errors) and the durable checkpoint tests, run again with
 #: the `spark` fixture a Spark Connect session (the plugin's --iterflow-remote).
