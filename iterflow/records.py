@@ -38,6 +38,11 @@ class RoundProgress:
     (``feedback_rows``: work feedback in flight after the epoch, plus what the
     sources report as waiting, e.g. ``source.0.avgOffsetsBehindLatest``).
 
+    ``step_s`` maps each feedback and output name to the seconds of the job that
+    materialized it (a round's first job also computes what later ones read from
+    its cache); names held on the driver already (a resident kernel's result) have
+    none.
+
     ``resident`` is True when the round's kernels ran on resident data (in tasks
     that keep their partitions across rounds) rather than as Spark jobs.
 
@@ -51,6 +56,7 @@ class RoundProgress:
     started_at: datetime
     duration_s: float
     rows: Mapping[str, int] = attrs.field(factory=dict, converter=_frozen_dict)
+    step_s: Mapping[str, float] = attrs.field(factory=dict, converter=_frozen_dict)
     criteria_empty: bool | None = None
     criteria_rows: int | None = None
     observed: Mapping[str, int | None] = attrs.field(factory=dict, converter=_frozen_dict)

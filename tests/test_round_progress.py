@@ -21,6 +21,8 @@ from pyspark.sql import functions as F
 from sessions import jobs_started
 
 import iterflow as itf
+from iterflow.progress.events import read_events
+from iterflow.progress.report import format_report
 from iterflow.progress.sampling import Reading, RoundGauge
 from iterflow.runtime.resident import RESIDENT_CONF
 
@@ -122,6 +124,9 @@ def test_a_slow_round_is_sampled_while_it_runs(spark: SparkSession, tmp_path: Pa
         # The last sample counts every step exactly, and the rows the round read.
         assert dict(samples[-1].rows_by_step) == final_counts == {"x": ROWS, "slowed": ROWS}
         assert samples[-1].rows_read is not None and samples[-1].rows_read >= ROWS
+        # The job materializing x took most of the round: the slow UDF runs in it.
+        assert set(progress.step_s) == {"x"}
+        assert progress.duration_s * 0.5 <= progress.step_s["x"] <= progress.duration_s
     # Round 1 knows how many tasks round 0 ran: its fraction weighs them from the start.
     assert any(0 < (s.fraction_done or 0) < 1 for s in recorder.samples if s.epoch == 1)
     # Every end came after that round's final sample.
@@ -148,6 +153,9 @@ def test_a_slow_round_is_sampled_while_it_runs(spark: SparkSession, tmp_path: Pa
         "eta_s",
         "epoch_path",
     }
+    # The report has each round's step counts and seconds.
+    header = format_report(read_events(log)).splitlines()[0].split()
+    assert {"seconds", "rows.x", "seconds.x", "observed.slowed"} <= set(header)
     # Samples logged come before their round's end.
     kinds = [(e["event"], e.get("epoch")) for e in events]
     for e in sampled:

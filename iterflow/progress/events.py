@@ -44,6 +44,7 @@ def progress_to_dict(p: RoundProgress) -> dict[str, Any]:
         "started_at": p.started_at.isoformat(),
         "duration_s": p.duration_s,
         "rows": dict(p.rows),
+        "step_s": dict(p.step_s),
         "criteria_empty": p.criteria_empty,
         "criteria_rows": p.criteria_rows,
         "observed": dict(p.observed),

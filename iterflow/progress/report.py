@@ -27,6 +27,7 @@ _LABELS = {
 #: Event fields holding one number per name, and the prefix of their columns.
 _PER_NAME = (
     ("rows", "rows"),
+    ("step_s", "seconds"),
     ("observed", "observed"),
     ("input_rows", "input"),
     ("feedback_rows_in", "feedback_in"),
@@ -37,7 +38,8 @@ _PER_NAME = (
 def round_values(event: Mapping[str, Any]) -> dict[str, Any]:
     """The numbers of one ``round_end`` event, by the names ``iterflow plot --metric`` takes.
 
-    ``duration_s``, ``rows.<name>``, ``observed.<name>``, for unbounded epochs
+    ``duration_s``, ``rows.<name>``, ``seconds.<name>`` (its job's seconds),
+    ``observed.<name>``, for unbounded epochs
     ``input.<name>``, ``feedback_in.<name>``, ``backlog.<key>`` and ``batch_id``, then
     ``converged_value``, ``rounds_remaining_estimate``, ``eta_s``, then each user
     metric by its name (a distribution by its mean). A user metric named like a

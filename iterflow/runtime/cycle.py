@@ -112,6 +112,7 @@ class EvaluatedRound:
     variables: dict[str, DataFrame]  # feedback, materialized, columns in input order
     outputs: dict[str, DataFrame]  # materialized
     rows: dict[str, int]  # of each feedback and output
+    step_s: dict[str, float]  # seconds the job materializing each one took
     produced: list[DataFrame]  # what the round holds until the next one completes
     tables: dict[str, Any]  # the variables materialized on the driver, as pyarrow Tables
 
@@ -151,6 +152,11 @@ def evaluate_round(
         variables={name: check.aligned(name, done.frames[id(df)]) for name, df in feedback.items()},
         outputs={name: done.frames[id(df)] for name, df in outputs.items()},
         rows={name: done.rows[id(df)] for name, df in [*feedback.items(), *outputs.items()]},
+        step_s={
+            name: done.seconds[id(df)]
+            for name, df in [*feedback.items(), *outputs.items()]
+            if id(df) in done.seconds
+        },
         produced=list({id(df): df for df in done.frames.values()}.values()),
         tables={  # in the input's column order, like ``variables``
             name: done.tables[id(df)].select(check.schemas[name].fieldNames())
@@ -197,6 +203,7 @@ class Round:
             started_at=self.started_at,
             duration_s=self.elapsed_s,
             rows=self.evaluated.rows,
+            step_s=self.evaluated.step_s,
             observed=self.scope.observed(),
             resident=self.resident,
             epoch_path=(*self.path, self.epoch),

@@ -14,6 +14,7 @@ checkpoints exist.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -94,6 +95,8 @@ class Materialized:
     criteria_empty: dict[int, bool]
     values: dict[int, Any]
     tables: dict[int, Any]  # pyarrow Tables of the targets collected to the driver
+    #: Seconds each target in Spark took to materialize (targets held already: none).
+    seconds: dict[int, float] = attrs.Factory(dict)
 
 
 def materialize(
@@ -137,7 +140,9 @@ def materialize(
         for key, count in rows.items():
             note_rows(names.get(key, ()), count)
         tables: dict[int, Any] = dict(held)
+        seconds: dict[int, float] = {}
         for df in in_spark:
+            clock = time.perf_counter()
             if id(df) in on_driver and not has_user_type(df.schema):
                 # Alone in the round (nothing else reads it), a combined kernel result is
                 # combined here on the driver: no shuffle, no Python task for the combine.
@@ -147,22 +152,29 @@ def materialize(
                 frames[id(df)] = held_frame(df.sparkSession, table.combine_chunks(), df.schema)
                 rows[id(df)] = table.num_rows
                 tables[id(df)] = table
-                note_rows(names.get(id(df), ()), table.num_rows)
-                continue
-            observation = unique_observation("rows")
-            note_step(observation_name(observation), names.get(id(df), ()))
-            observed = observe_rows(df, observation)
-            frames[id(df)] = observed.localCheckpoint(eager=True)
-            deliver_observations(observed)
-            rows[id(df)] = int(observation.get["rows"])
+            else:
+                observation = unique_observation("rows")
+                note_step(observation_name(observation), names.get(id(df), ()))
+                observed = observe_rows(df, observation)
+                frames[id(df)] = observed.localCheckpoint(eager=True)
+                deliver_observations(observed)
+                rows[id(df)] = int(observation.get["rows"])
+                set_checkpoint_statistics(frames[id(df)], rows[id(df)])
+            seconds[id(df)] = time.perf_counter() - clock
             note_rows(names.get(id(df), ()), rows[id(df)])
-            set_checkpoint_statistics(frames[id(df)], rows[id(df)])
         empty = {id(df): (rows[id(df)] == 0 if id(df) in rows else df.isEmpty()) for df in criteria}
         read = {id(df): _one_cell(df, epoch) for df in values}
     finally:
         for df in owned:
             df.unpersist(blocking=False)
-    return Materialized(frames=frames, rows=rows, criteria_empty=empty, values=read, tables=tables)
+    return Materialized(
+        frames=frames,
+        rows=rows,
+        criteria_empty=empty,
+        values=read,
+        tables=tables,
+        seconds=seconds,
+    )
 
 
 def _one_cell(df: DataFrame, epoch: int) -> Any:
