@@ -15,7 +15,7 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 from pyspark.sql.types import StructType
 
-from iterflow.errors import IterflowValueError
+from iterflow.errors import IterflowError, IterflowValueError
 
 log = logging.getLogger(__name__)
 
@@ -435,3 +435,15 @@ def file_sources(query: Any, hadoop: HadoopFiles) -> dict[int, tuple[str, dict[s
         same = bool(reads) and all(r == reads[0] for r in reads)
         found[index] = (path, reads[0] if same else None)
     return found
+
+
+def status_stores(spark: SparkSession) -> tuple[Any, Any, Any]:
+    """JVM handles on what a classic session's driver knows of its jobs, without running
+    one: Spark's status tracker, its app status store (jobs, stages) and its SQL status
+    store (executions, their plans and live metrics)."""
+    context = spark_context(spark)
+    if context is None:
+        raise IterflowError("Spark's status stores need a classic session")
+    jsc = context._jsc.sc()
+    sql = spark._jsparkSession.sharedState().statusStore()
+    return jsc.statusTracker(), jsc.statusStore(), sql

@@ -28,7 +28,7 @@ import attrs
 from pyspark.sql import SparkSession
 
 from iterflow.progress.sampling import Reading
-from iterflow.runtime.jvm import spark_context
+from iterflow.runtime.jvm import spark_context, status_stores
 
 #: Operators that output every row they take, and no metric of their own counts them.
 _KEEP_ROWS = frozenset(
@@ -169,10 +169,7 @@ class ClassicStatus:
     def __init__(self, spark: SparkSession) -> None:
         context = spark_context(spark)
         assert context is not None
-        jsc = context._jsc.sc()
-        self._tracker = jsc.statusTracker()
-        self._store = jsc.statusStore()
-        self._sql = spark._jsparkSession.sharedState().statusStore()
+        self._tracker, self._store, self._sql = status_stores(spark)
         self._context = context
         self._done: dict[int, tuple[int, int, int]] = {}  # finished job -> (total, done, read)
         self._executions: dict[int, _Execution] = {}
