@@ -65,6 +65,12 @@ class Recorder(itf.RoundListener):
         self.overlaps = 0
         self.threads: set[int] = set()
 
+    def state_dict(self) -> dict[str, Any]:  # what an unbounded run commits: nothing
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
     def _enter(self) -> None:
         if not self.busy.acquire(blocking=False):
             self.overlaps += 1
@@ -336,3 +342,46 @@ def test_resident_kernel_calls_report_their_partitions(spark: SparkSession) -> N
     assert all(s.tasks_active == 1 for s in calling if s.tasks_done < partitions)
     last = resident_round[-1]
     assert last.final and last.tasks_done == last.tasks_total >= partitions
+
+
+def test_an_unbounded_epoch_is_sampled_with_its_streaming_input(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "part-0.json").write_text("".join(f'{{"x": {i}}}\n' for i in range(ROWS)))
+
+    def sleep_then(value):  # type: ignore[no-untyped-def]  # (hints would ask for pandas)
+        time.sleep(SLOW_S / 4)
+        return value
+
+    slow = F.udf(sleep_then, "long")
+
+    @itf.body
+    def summing(total: DataFrame, numbers: DataFrame) -> itf.Declaration:
+        added = numbers.repartition(4).select(slow("x").alias("x")).agg(F.sum("x").alias("added"))
+        new_total = total.crossJoin(added).select((F.col("total") + F.col("added")).alias("total"))
+        return itf.Declaration(feedback={"total": new_total}, outputs={"total": new_total})
+
+    recorder = Recorder()
+    query = (
+        itf.UnboundedIteration(summing)
+        .bind("total", spark.createDataFrame([(0,)], "total long"), state=True)
+        .bind("numbers", spark.readStream.schema("x long").json(str(folder)))
+        .listen(recorder)
+        .start(
+            checkpoint_location=str(tmp_path / "ckpt"),
+            available_now=True,
+            progress_interval_s=0.2,
+        )
+    )
+    assert query.await_termination(timeout=120)
+    epoch = query.progress[0]
+    assert epoch.input_rows == {"numbers": ROWS}
+    samples = [s for s in recorder.samples if s.epoch == epoch.epoch]
+    assert len(samples) >= 3, samples
+    assert samples[-1].final and samples[-1].fraction_done == 1.0
+    # The streaming input is a step too: its rows are counted as the epoch reads them.
+    assert samples[-1].rows_by_step["numbers"] == ROWS
+    assert all(s.rows_by_step.get("numbers", 0) <= ROWS for s in samples)
+    assert recorder.overlaps == 0

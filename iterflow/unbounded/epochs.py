@@ -211,7 +211,7 @@ class EpochLoop:
         with self.loop.observers.round(epoch):
             observations = {name: unique_observation("input") for name in self.streams}
             for name, observation in observations.items():
-                note_step(observation_name(observation), (name,))
+                note_step(observation_name(observation), (name,), observation)
             inputs: dict[str, DataFrame] = {}
             for name in self.loop.check.schemas:
                 if name in self.streams:
