@@ -83,11 +83,12 @@ class RoundSample:
     round has not started yet is not counted, so ``fraction_done`` also weighs the
     tasks the round's previous rounds ran, and never goes back within a round. It is
     None until anything is known, and 1.0 in the sample sent when the round's work is
-    done. ``rows_read`` counts rows read from sources and caches so far (None when
-    unknown, e.g. over Spark Connect). ``rows_by_step`` maps each feedback, output,
-    streaming input and ``ctx.observe`` name to its rows so far, where known: exact
-    once its job finished, from Spark's live SQL metrics while it runs. ``eta_s``
-    estimates the round's remaining seconds. ``final`` marks the round's last sample.
+    done. ``rows_read`` and ``bytes_read`` count what the round's stages read from
+    sources and caches so far (None when unknown: over Spark Connect only bytes).
+    ``rows_by_step`` maps each feedback, output, streaming input and ``ctx.observe``
+    name to its rows so far, where known: exact once its job finished, from Spark's
+    live SQL metrics while it runs. ``eta_s`` estimates the round's remaining
+    seconds. ``final`` marks the round's last sample.
     """
 
     epoch: int
@@ -97,6 +98,7 @@ class RoundSample:
     tasks_done: int = 0
     tasks_active: int = 0
     rows_read: int | None = None
+    bytes_read: int | None = None
     rows_by_step: Mapping[str, int] = attrs.field(factory=dict, converter=_frozen_dict)
     eta_s: float | None = None
     final: bool = False

@@ -71,6 +71,7 @@ def sample_to_dict(sample: RoundSample) -> dict[str, Any]:
         "tasks_done": sample.tasks_done,
         "tasks_active": sample.tasks_active,
         "rows_read": sample.rows_read,
+        "bytes_read": sample.bytes_read,
         "rows_by_step": dict(sample.rows_by_step),
         "eta_s": sample.eta_s,
         "final": sample.final,

@@ -36,20 +36,23 @@ class Reading:
     tasks_done: int = 0
     tasks_active: int = 0
     rows_read: int | None = None
+    bytes_read: int | None = None
     rows_by_step: Mapping[str, int] = attrs.field(factory=dict, converter=_counts)
 
     def plus(self, other: Reading) -> Reading:
         """Both readings together (e.g. Spark jobs and resident kernel calls)."""
-        rows_read = None
-        if self.rows_read is not None or other.rows_read is not None:
-            rows_read = (self.rows_read or 0) + (other.rows_read or 0)
         return Reading(
             tasks_total=self.tasks_total + other.tasks_total,
             tasks_done=self.tasks_done + other.tasks_done,
             tasks_active=self.tasks_active + other.tasks_active,
-            rows_read=rows_read,
+            rows_read=_sum(self.rows_read, other.rows_read),
+            bytes_read=_sum(self.bytes_read, other.bytes_read),
             rows_by_step={**self.rows_by_step, **other.rows_by_step},
         )
+
+
+def _sum(a: int | None, b: int | None) -> int | None:
+    return None if a is None and b is None else (a or 0) + (b or 0)
 
 
 class RoundGauge:
@@ -89,6 +92,7 @@ class RoundGauge:
             tasks_done=reading.tasks_done,
             tasks_active=0 if final else reading.tasks_active,
             rows_read=reading.rows_read,
+            bytes_read=reading.bytes_read,
             rows_by_step=self._rows(reading.rows_by_step),
             eta_s=0.0 if final else self._eta(reading, now, elapsed_s),
             final=final,

@@ -171,7 +171,8 @@ class ClassicStatus:
         assert context is not None
         self._tracker, self._store, self._sql = status_stores(spark)
         self._context = context
-        self._done: dict[int, tuple[int, int, int]] = {}  # finished job -> (total, done, read)
+        #: Finished job -> (tasks, tasks done, rows read, bytes read).
+        self._done: dict[int, tuple[int, int, int, int]] = {}
         self._executions: dict[int, _Execution] = {}
 
     @contextmanager
@@ -189,40 +190,43 @@ class ClassicStatus:
         self._executions.clear()
 
     def read(self, tag: str, steps: RoundSteps) -> Reading:
-        total = done = active = read = 0
+        sums = [0, 0, 0, 0]  # tasks, done, rows read, bytes read
+        active = 0
         for job_id in self._tracker.getJobIdsForTag(tag):
             job_id = int(job_id)
             known = self._done.get(job_id)
             if known is None:
                 job = self._store.job(job_id)
-                counts = (
+                known = (
                     int(job.numTasks()),
                     int(job.numCompletedIndices()) + int(job.numSkippedTasks()),
-                    self._rows_read(job.stageIds()),
+                    *self._input(job.stageIds()),
                 )
                 if str(job.status()) != "RUNNING":
-                    self._done[job_id] = counts
+                    self._done[job_id] = known
                 else:
                     active += int(job.numActiveTasks())
-                known = counts
-            total, done, read = total + known[0], done + known[1], read + known[2]
+            sums = [a + b for a, b in zip(sums, known, strict=True)]
         return Reading(
-            tasks_total=total,
-            tasks_done=done,
+            tasks_total=sums[0],
+            tasks_done=sums[1],
             tasks_active=active,
-            rows_read=read,
+            rows_read=sums[2],
+            bytes_read=sums[3],
             rows_by_step=self._live_rows(steps),
         )
 
-    def _rows_read(self, stage_ids: Any) -> int:
-        rows = 0
+    def _input(self, stage_ids: Any) -> tuple[int, int]:
+        """Rows and bytes the stages read so far."""
+        rows = size = 0
         for stage_id in _items(stage_ids):
             try:
                 stage = self._store.lastStageAttempt(int(stage_id))
             except Exception:  # a stage not in the store yet has read nothing
                 continue
             rows += int(stage.inputRecords())
-        return rows
+            size += int(stage.inputBytes())
+        return rows, size
 
     def _live_rows(self, steps: RoundSteps) -> dict[str, int]:
         """Rows so far of the steps in the round's running SQL executions."""
@@ -257,6 +261,7 @@ class _Operation:
     tasks: int = 0
     done: int = 0
     active: int = 0
+    bytes_read: int = 0
 
 
 class ConnectStatus:
@@ -305,6 +310,7 @@ class ConnectStatus:
             tasks=sum(int(s.num_tasks) for s in stages),
             done=sum(int(s.num_completed_tasks) for s in stages),
             active=0 if kwargs.get("done") else int(kwargs.get("inflight_tasks") or 0),
+            bytes_read=sum(int(s.num_bytes_read) for s in stages),
         )
         with self._lock:
             self._operations[str(kwargs.get("operation_id"))] = operation
@@ -316,4 +322,5 @@ class ConnectStatus:
             tasks_total=sum(o.tasks for o in operations),
             tasks_done=sum(o.done for o in operations),
             tasks_active=sum(o.active for o in operations),
+            bytes_read=sum(o.bytes_read for o in operations) if operations else None,
         )
