@@ -387,3 +387,33 @@ def test_an_unbounded_epoch_is_sampled_with_its_streaming_input(
     assert samples[-1].rows_by_step["numbers"] == ROWS
     assert all(s.rows_by_step.get("numbers", 0) <= ROWS for s in samples)
     assert recorder.overlaps == 0
+
+
+def test_a_nested_runs_rounds_count_toward_the_outer_round(spark: SparkSession) -> None:
+    inner_recorder, outer_recorder = Recorder(), Recorder()
+
+    @itf.body
+    def outer(x: DataFrame, ctx: itf.RoundContext) -> itf.Declaration:
+        inner = (
+            itf.BoundedIteration(slow_body(0.05))
+            .bind("x", x)
+            .until(itf.max_rounds(2))
+            .listen(inner_recorder)
+            .run(progress=False, progress_interval_s=0.1)
+        )
+        return itf.Declaration(
+            feedback={"x": inner.outputs["x"]}, outputs={"x": inner.outputs["x"]}
+        )
+
+    (
+        itf.BoundedIteration(outer)
+        .bind("x", values(spark))
+        .until(itf.max_rounds(1))
+        .listen(outer_recorder)
+        .run(progress=False, progress_interval_s=0.1)
+    )
+    assert {s.epoch_path for s in inner_recorder.samples} == {(0, 0), (0, 1)}
+    assert {s.epoch_path for s in outer_recorder.samples} == {(0,)}
+    # The inner rounds' jobs are jobs of the outer round too: it counts their tasks.
+    inner_tasks = sum(s.tasks_total for s in inner_recorder.samples if s.final)
+    assert outer_recorder.samples[-1].tasks_total >= inner_tasks > 0
