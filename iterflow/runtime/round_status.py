@@ -49,10 +49,13 @@ _KEEP_ROWS = frozenset(
         "WholeStageCodegen",
     }
 )
-_OUTPUT_ROWS = "number of output rows"
 _OBSERVATION = re.compile(r"^CollectMetrics (iterflow_\w+?_\d+),")
+#: A node and an edge of ``SparkPlanGraph.makeDotFile``: id, name, description (escaped);
+#: child id, parent id, and the rows the child output so far (when it counts them).
+_NODE = re.compile(r'^\s*(\d+) \[id="node\d+" label="([^"]*)" tooltip="((?:[^"\\]|\\.)*)"', re.M)
+_EDGE = re.compile(r'^\s*(\d+)->(\d+)(?: \[label="([^"]*)")?', re.M)
 #: How many of the newest SQL executions are searched for the round's running ones.
-_NEWEST_EXECUTIONS = 4
+_NEWEST_EXECUTIONS = 3
 
 
 @attrs.define
@@ -116,50 +119,41 @@ def _items(seq: Any) -> Iterator[Any]:
         yield iterator.next()
 
 
-class _Execution:
-    """The steps of one SQL execution: the accumulator counting each one's rows."""
-
-    def __init__(self, sql: Any, execution_id: int, observations: Mapping[str, tuple[str, ...]]):
-        graph = sql.planGraph(execution_id)
-        nodes: dict[int, tuple[str, str, int | None]] = {}
-        for node in _items(graph.allNodes()):
-            counter = None
-            for metric in _items(node.metrics()):
-                if metric.name() == _OUTPUT_ROWS:
-                    counter = int(metric.accumulatorId())
-            nodes[int(node.id())] = (str(node.name()), str(node.desc()), counter)
-        children: dict[int, list[int]] = {}
-        for edge in _items(graph.edges()):
-            children.setdefault(int(edge.toId()), []).append(int(edge.fromId()))
-        # Adaptive execution re-plans the stages after the first: read the plan again.
-        self.final = not any("isFinalPlan=false" in desc for _n, desc, _c in nodes.values())
-        self.counters: dict[tuple[str, ...], int] = {}
-        for node_id, (_name, desc, _counter) in nodes.items():
-            found = _OBSERVATION.match(desc)
-            if found is None or found.group(1) not in observations:
-                continue
-            counter = _counter_below(node_id, nodes, children)
-            if counter is not None:
-                self.counters[observations[found.group(1)]] = counter
-        self.ours = any(
-            (m := _OBSERVATION.match(desc)) is not None and m.group(1) in observations
-            for _name, desc, _counter in nodes.values()
-        )
+def _rows_of_steps(
+    dot: str, observations: Mapping[str, tuple[str, ...]]
+) -> dict[tuple[str, ...], int] | None:
+    """Rows so far of the steps whose observations the plan graph ``dot`` (Spark's
+    ``SparkPlanGraph.makeDotFile``: nodes with their descriptions, edges labelled with
+    the rows the child has output so far) holds; None when it holds none of them."""
+    names = {int(m[1]): m[2] for m in _NODE.finditer(dot)}
+    described = {int(m[1]): m[3] for m in _NODE.finditer(dot)}
+    into: dict[int, list[tuple[int, str | None]]] = {}
+    for m in _EDGE.finditer(dot):
+        into.setdefault(int(m[2]), []).append((int(m[1]), m[3]))
+    steps: dict[tuple[str, ...], int] = {}
+    ours = False
+    for node, desc in described.items():
+        found = _OBSERVATION.match(desc)
+        if found is None or found[1] not in observations:
+            continue
+        ours = True
+        rows = _rows_into(node, names, into)
+        if rows is not None:
+            steps[observations[found[1]]] = rows
+    return steps if ours else None
 
 
-def _counter_below(
-    node_id: int, nodes: Mapping[int, tuple[str, str, int | None]], children: dict[int, list[int]]
-) -> int | None:
-    """The accumulator of the first operator below ``node_id`` that counts its output rows,
-    through operators that keep every row; None if another kind comes first."""
-    below = children.get(node_id, [])
+def _rows_into(node: int, names: Mapping[int, str], into: Mapping[int, list[Any]]) -> int | None:
+    """The rows flowing into ``node``: the label of its one incoming edge, read through
+    operators that keep every row; None if another kind of operator comes first."""
+    below = into.get(node, [])
     while len(below) == 1:
-        name, _desc, counter = nodes[below[0]]
-        if counter is not None:
-            return counter
-        if name.split(" ")[0] not in _KEEP_ROWS:
+        child, label = below[0]
+        if label is not None:
+            return _int(label)
+        if names.get(child) not in _KEEP_ROWS:
             return None
-        below = children.get(below[0], [])
+        below = into.get(child, [])
     return None
 
 
@@ -173,7 +167,7 @@ class ClassicStatus:
         self._context = context
         #: Finished job -> (tasks, tasks done, rows read, bytes read).
         self._done: dict[int, tuple[int, int, int, int]] = {}
-        self._executions: dict[int, _Execution] = {}
+        self._theirs: set[int] = set()  # SQL executions without a step of the round
 
     @contextmanager
     def tagged(self, tag: str) -> Iterator[None]:
@@ -187,7 +181,7 @@ class ClassicStatus:
     def forget(self) -> None:
         """The round ended: what was cached of its jobs and executions goes."""
         self._done.clear()
-        self._executions.clear()
+        self._theirs.clear()
 
     def read(self, tag: str, steps: RoundSteps) -> Reading:
         sums = [0, 0, 0, 0]  # tasks, done, rows read, bytes read
@@ -239,20 +233,17 @@ class ClassicStatus:
         if count == start:
             return rows
         for execution in _items(self._sql.executionsList(start, count - start)):
-            if execution.completionTime().isDefined():
-                continue
             execution_id = int(execution.executionId())
-            known = self._executions.get(execution_id)
-            if known is None or (known.ours and not (known.final and known.counters)):
-                known = _Execution(self._sql, execution_id, observations)
-                self._executions[execution_id] = known
-            if not known.counters:
+            if execution_id in self._theirs or execution.completionTime().isDefined():
                 continue
-            metrics = self._sql.executionMetrics(execution_id)
-            for names, counter in known.counters.items():
-                value = metrics.get(counter)
-                if value.isDefined() and (n := _int(value.get())) is not None:
-                    rows.update(dict.fromkeys(names, n))
+            graph = self._sql.planGraph(execution_id)
+            dot = str(graph.makeDotFile(self._sql.executionMetrics(execution_id)))
+            found = _rows_of_steps(dot, observations)
+            if found is None:
+                self._theirs.add(execution_id)
+                continue
+            for names, n in found.items():
+                rows.update(dict.fromkeys(names, n))
         return rows
 
 
