@@ -25,6 +25,7 @@ from iterflow.progress.events import read_events
 from iterflow.progress.report import format_report
 from iterflow.progress.sampling import Reading, RoundGauge
 from iterflow.runtime.resident import RESIDENT_CONF
+from iterflow.runtime.round_status import _rows_of_steps
 
 ROWS = 24
 #: Seconds each row of the slow body takes in its UDF: ROWS * SLOW_S / 2 cores >= 3 s.
@@ -417,3 +418,75 @@ def test_a_nested_runs_rounds_count_toward_the_outer_round(spark: SparkSession) 
     # The inner rounds' jobs are jobs of the outer round too: it counts their tasks.
     inner_tasks = sum(s.tasks_total for s in inner_recorder.samples if s.final)
     assert outer_recorder.samples[-1].tasks_total >= inner_tasks > 0
+
+
+#: The plan graph of a running observed step as Spark 4.3 writes it (rows on the edges)
+#: and as Spark 4.0 does (rows among the metrics in each node's label, edges bare).
+DOT_EDGES = (Path(__file__).parent / "data" / "plan_graph_edges.dot").read_text()
+DOT_LABELS = (Path(__file__).parent / "data" / "plan_graph_labels.dot").read_text()
+
+
+def test_step_rows_are_read_from_both_plan_graph_formats() -> None:
+    steps = {"iterflow_rows_7": ("x",), "iterflow_observe_6": ("seen",)}
+    # Through a projection and a nested observation, to the UDF's rows; a filter with no
+    # rows counted yet stops nothing here, it is below the counted operator.
+    assert _rows_of_steps(DOT_EDGES, steps) == {("x",): 1234, ("seen",): 1234}
+    assert _rows_of_steps(DOT_LABELS, steps) == {("x",): 7}
+    # A plan without the round's observations is not the round's.
+    assert _rows_of_steps(DOT_LABELS, {"iterflow_rows_99": ("y",)}) is None
+    # An operator that may drop rows, with no count of its own, hides the step's rows.
+    unknown = DOT_LABELS.replace("number of output rows: 7<br>", "")
+    assert _rows_of_steps(unknown, steps) == {}
+
+
+def test_an_unbounded_query_stops_from_on_round_progress(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for part in range(3):  # one file per micro-batch: the first epoch's sample stops it
+        (folder / f"part-{part}.json").write_text("".join(f'{{"x": {i}}}\n' for i in range(8)))
+
+    def sleep_then(value):  # type: ignore[no-untyped-def]  # (hints would ask for pandas)
+        time.sleep(0.2)
+        return value
+
+    slow = F.udf(sleep_then, "long")
+
+    @itf.body
+    def summing(total: DataFrame, numbers: DataFrame) -> itf.Declaration:
+        added = numbers.select(slow("x").alias("x")).agg(F.sum("x").alias("added"))
+        new_total = total.crossJoin(added).select((F.col("total") + F.col("added")).alias("total"))
+        return itf.Declaration(feedback={"total": new_total}, outputs={"total": new_total})
+
+    class Stopper(Recorder):
+        query: itf.UnboundedQuery | None = None
+        refused: Exception | None = None
+
+        def on_round_progress(self, sample: itf.RoundSample) -> None:
+            super().on_round_progress(sample)
+            if self.query is not None and not sample.final:
+                try:
+                    self.query.process_all_available()  # would wait for this very epoch
+                except itf.IterflowError as exc:
+                    self.refused = exc
+                self.query.stop()  # returns at once, as from on_round_end
+
+    stopper = Stopper()
+    stopper.query = (
+        itf.UnboundedIteration(summing)
+        .bind("total", spark.createDataFrame([(0,)], "total long"), state=True)
+        .bind(
+            "numbers",
+            spark.readStream.option("maxFilesPerTrigger", 1).schema("x long").json(str(folder)),
+        )
+        .listen(stopper)
+        .start(checkpoint_location=str(tmp_path / "ckpt"), progress_interval_s=0.2)
+    )
+    assert stopper.query.await_termination(timeout=120)
+    assert stopper.query.termination is not None
+    assert stopper.query.termination.reason == "stopped"
+    assert stopper.samples and stopper.refused is not None
+    assert "from a listener" in str(stopper.refused)
+    # The epoch in progress finished and committed: fewer epochs than files.
+    assert 1 <= len(stopper.query.progress) < 3

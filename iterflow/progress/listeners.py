@@ -28,7 +28,7 @@ class RoundListener:
 
     def on_round_progress(self, sample: RoundSample) -> None:
         """Called while a round runs, every ``run(progress_interval_s=)`` seconds, on a
-        thread of the driver (never at the same time as ``on_round_end``); the round's
+        thread of the driver (never at the same time as this run's ``on_round_end``); the round's
         last sample (``sample.final``) comes before its ``on_round_end``. Keep it quick:
         the next sample waits for it."""
 

@@ -563,8 +563,7 @@ class ResidentData:
         run_id, epoch = current_round(self.context)
         call = KernelCall(kernel, args, indexed, declared, numbered=True)
         payload = cloudpickle.dumps({"kernel": call, "run_id": run_id, "epoch": epoch})
-        with self._counted(run_id, epoch):
-            replies = self._call(payload)
+        replies = self._call(payload, run_id, epoch)
         for reply in replies:
             BRIDGE.merge(reply["metrics"])
         batches = [batch for reply in replies for batch in reply["outputs"]]
@@ -605,11 +604,11 @@ class ResidentData:
             if calls is not None and task in calls.tasks:
                 calls.tasks[task] = (calls.tasks[task][0], done)
 
-    def _call(self, payload: bytes) -> list[dict[str, Any]]:
+    def _call(self, payload: bytes, run_id: str, epoch: int) -> list[dict[str, Any]]:
         """Send one kernel call to every resident task; relaunch the job and send it again
         when a task is lost on the way, or while reloading (``RELAUNCHES`` times at most).
         One call at a time: the replies carry no call of their own."""
-        with self._calling:
+        with self._calling, self._counted(run_id, epoch):
             lost: Exception | None = None
             for _attempt in range(RELAUNCHES + 1):
                 try:

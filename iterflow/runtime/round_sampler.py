@@ -37,6 +37,14 @@ from iterflow.runtime.round_status import (
     round_tag,
 )
 
+_SAMPLER = threading.local()
+
+
+def on_sampler_thread() -> bool:
+    """True on a thread that delivers samples (in ``on_round_progress``): waiting there for
+    the run to get anywhere would deadlock, as it would in ``on_round_end``."""
+    return bool(getattr(_SAMPLER, "delivering", False))
+
 
 class SampleDeliveryError(Exception):
     """A listener failed on a sample: ``stage`` names it, ``cause`` is what it raised."""
@@ -89,6 +97,8 @@ class RoundSampler:
         self._source: StatusSource | None = None
         if interval_s > 0:
             self._source = ClassicStatus(spark) if is_classic(spark) else ConnectStatus(spark)
+        self._disabled = False  # Spark's status could not be read: no more samples
+        self._attempts = 0  # rounds begun: a round run again (after a rollback) is tagged anew
         self._changed = threading.Condition()
         self._sampling = threading.Lock()  # held while a sample is read and delivered
         self._current: _Round | None = None
@@ -101,13 +111,15 @@ class RoundSampler:
         """Round ``epoch`` (epoch path ``path``) runs inside: its jobs are tagged and its
         named steps noted, and it is sampled until ``finish`` or the end of the block."""
         source = self._source
-        if source is None:
+        if source is None or self._disabled:
             yield
             return
         tasks, seconds = self._expected
+        self._attempts += 1
+        forget_resident_calls(self.run_id)  # those of an earlier attempt of this epoch
         current = _Round(
             epoch=epoch,
-            tag=round_tag(self.run_id, epoch),
+            tag=round_tag(self.run_id, epoch, self._attempts),
             run_id=self.run_id,
             steps=RoundSteps(),
             gauge=RoundGauge(epoch, path, expected_tasks=tasks, expected_s=seconds),
@@ -139,7 +151,7 @@ class RoundSampler:
         if current.error is not None:
             raise current.error
         elapsed = current.elapsed_s
-        if gauge.last is None or self._source is None:
+        if gauge.last is None or self._disabled:
             self._expected = (self._expected[0], elapsed)
             return
         try:
@@ -161,10 +173,12 @@ class RoundSampler:
             self._changed.notify_all()
         if self._thread is not None:
             self._thread.join()
-        closing = getattr(self._source, "close", None)
-        if closing is not None:
-            closing()
-        forget_resident_calls(self.run_id)
+        try:
+            closing = getattr(self._source, "close", None)
+            if closing is not None:
+                closing()
+        finally:
+            forget_resident_calls(self.run_id)
 
     # -- the thread ------------------------------------------------------------------
 
@@ -219,10 +233,13 @@ class RoundSampler:
                 except Exception as exc:
                     self._unreadable(exc)
                     return
+                _SAMPLER.delivering = True
                 try:
                     self.deliver(current.gauge.sample(reading, current.elapsed_s))
                 except BaseException as exc:  # raised on the round's thread by finish()
                     current.error = exc
+                finally:
+                    _SAMPLER.delivering = False
 
     def _moved_on(self, current: _Round | None) -> bool:
         return self._current is not current or self._closed
@@ -233,4 +250,4 @@ class RoundSampler:
             f"in-round progress is off for the rest of this run: reading Spark's status "
             f"failed ({gist(exc)})"
         )
-        self._source = None
+        self._disabled = True

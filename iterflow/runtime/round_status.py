@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -52,8 +53,15 @@ _KEEP_ROWS = frozenset(
 _OBSERVATION = re.compile(r"^CollectMetrics (iterflow_\w+?_\d+),")
 #: A node and an edge of ``SparkPlanGraph.makeDotFile``: id, name, description (escaped);
 #: child id, parent id, and the rows the child output so far (when it counts them).
-_NODE = re.compile(r'^\s*(\d+) \[id="node\d+" label="([^"]*)" tooltip="((?:[^"\\]|\\.)*)"', re.M)
+_NODE = re.compile(
+    r'^\s*(\d+) \[id="node\d+"(?: labelType="html")? label="([^"]*)" '
+    r'tooltip="((?:[^"\\]|\\.)*)"',
+    re.M,
+)
 _EDGE = re.compile(r'^\s*(\d+)->(\d+)(?: \[label="([^"]*)")?', re.M)
+#: Spark 4.0 writes a node's name in bold and its metrics after it, in its label.
+_BOLD = re.compile(r"<b>([^<]*)</b>")
+_LABEL_ROWS = re.compile(r"number of output rows: ([\d,]+)")
 #: How many of the newest SQL executions are searched for the round's running ones.
 _NEWEST_EXECUTIONS = 3
 
@@ -100,9 +108,10 @@ def note_rows(names: Iterable[str], rows: int) -> None:
             steps.counted[name] = rows
 
 
-def round_tag(run_id: str, epoch: int) -> str:
-    """The job tag of round ``epoch`` of ``run_id`` (also set on nested rounds' jobs)."""
-    return f"iterflow-{run_id}-{epoch}"
+def round_tag(run_id: str, epoch: int, attempt: int) -> str:
+    """The job tag of round ``epoch`` of ``run_id``, the run's ``attempt``-th round begun
+    (a round run again after a rollback is tagged anew); nested rounds' jobs carry it too."""
+    return f"iterflow-{run_id}-{epoch}-{attempt}"
 
 
 def _int(text: Any) -> int | None:
@@ -122,35 +131,52 @@ def _items(seq: Any) -> Iterator[Any]:
 def _rows_of_steps(
     dot: str, observations: Mapping[str, tuple[str, ...]]
 ) -> dict[tuple[str, ...], int] | None:
-    """Rows so far of the steps whose observations the plan graph ``dot`` (Spark's
-    ``SparkPlanGraph.makeDotFile``: nodes with their descriptions, edges labelled with
-    the rows the child has output so far) holds; None when it holds none of them."""
-    names = {int(m[1]): m[2] for m in _NODE.finditer(dot)}
-    described = {int(m[1]): m[3] for m in _NODE.finditer(dot)}
-    into: dict[int, list[tuple[int, str | None]]] = {}
+    """Rows so far of the steps whose observations the plan graph ``dot`` holds; None when
+    it holds none of them.
+
+    ``dot`` is Spark's ``SparkPlanGraph.makeDotFile``: each node with its description,
+    and the rows each operator has output so far, on the edge to its parent (Spark 4.1
+    and later) or among the metrics in its label (Spark 4.0)."""
+    names: dict[int, str] = {}
+    rows_out: dict[int, int] = {}
+    steps_at: dict[int, tuple[str, ...]] = {}
+    for m in _NODE.finditer(dot):
+        node, label, desc = int(m[1]), m[2], m[3]
+        bold = _BOLD.search(label)
+        names[node] = bold[1] if bold else label
+        if (counted := _LABEL_ROWS.search(label)) is not None:
+            rows_out[node] = _int(counted[1]) or 0
+        if (found := _OBSERVATION.match(desc)) is not None and found[1] in observations:
+            steps_at[node] = observations[found[1]]
+    if not steps_at:
+        return None
+    into: dict[int, list[int]] = {}
     for m in _EDGE.finditer(dot):
-        into.setdefault(int(m[2]), []).append((int(m[1]), m[3]))
+        child, parent = int(m[1]), int(m[2])
+        into.setdefault(parent, []).append(child)
+        if m[3] is not None and (n := _int(m[3])) is not None:
+            rows_out[child] = n
     steps: dict[tuple[str, ...], int] = {}
-    ours = False
-    for node, desc in described.items():
-        found = _OBSERVATION.match(desc)
-        if found is None or found[1] not in observations:
-            continue
-        ours = True
-        rows = _rows_into(node, names, into)
+    for node, step in steps_at.items():
+        rows = _rows_into(node, names, rows_out, into)
         if rows is not None:
-            steps[observations[found[1]]] = rows
-    return steps if ours else None
+            steps[step] = rows
+    return steps
 
 
-def _rows_into(node: int, names: Mapping[int, str], into: Mapping[int, list[Any]]) -> int | None:
-    """The rows flowing into ``node``: the label of its one incoming edge, read through
+def _rows_into(
+    node: int,
+    names: Mapping[int, str],
+    rows_out: Mapping[int, int],
+    into: Mapping[int, list[int]],
+) -> int | None:
+    """The rows flowing into ``node`` so far: those its one child output, read through
     operators that keep every row; None if another kind of operator comes first."""
     below = into.get(node, [])
     while len(below) == 1:
-        child, label = below[0]
-        if label is not None:
-            return _int(label)
+        child = below[0]
+        if child in rows_out:
+            return rows_out[child]
         if names.get(child) not in _KEEP_ROWS:
             return None
         below = into.get(child, [])
@@ -224,15 +250,18 @@ class ClassicStatus:
 
     def _live_rows(self, steps: RoundSteps) -> dict[str, int]:
         """Rows so far of the steps in the round's running SQL executions."""
-        observations = dict(steps.observations)
-        if not observations:
+        if not steps.observations:
             return {}
         rows: dict[str, int] = {}
         count = int(self._sql.executionsCount())
         start = max(count - _NEWEST_EXECUTIONS, 0)
         if count == start:
             return rows
-        for execution in _items(self._sql.executionsList(start, count - start)):
+        executions = list(_items(self._sql.executionsList(start, count - start)))
+        # Noted before their executions start: copied after listing them, an execution
+        # listed finds every observation of its plan here.
+        observations = dict(steps.observations)
+        for execution in executions:
             execution_id = int(execution.executionId())
             if execution_id in self._theirs or execution.completionTime().isDefined():
                 continue
@@ -290,8 +319,10 @@ class ConnectStatus:
 
     def close(self) -> None:
         if self._registered:
-            self._spark.removeProgressHandler(self._handle)
             self._registered = False
+            # Gone already if the session's handlers were cleared meanwhile.
+            with contextlib.suppress(ValueError):
+                self._spark.removeProgressHandler(self._handle)
 
     def _handle(self, **kwargs: Any) -> None:
         if threading.get_ident() != self._thread:

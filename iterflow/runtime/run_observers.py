@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 from pyspark.sql import DataFrame, SparkSession
 
-from iterflow.errors import IterflowValueError, warn
+from iterflow.errors import IterflowValueError, gist, warn
 from iterflow.metrics._spark import BRIDGE
 from iterflow.metrics.pusher import MetricsPusher
 from iterflow.metrics.registry import REGISTRY
@@ -141,12 +141,14 @@ class RunObservers:
             BRIDGE.take_untagged()  # updates from before this run are not its concern
         self._warned_untagged: set[str] = set()
         self._pending_start: Callable[[], None] | None = None
+        self._start_written = False  # the run's iteration_started line is in its log
         self._progress_from = options.progress_from
         self._series_checked = False
         #: Where samples of a running round go besides the bar and the log (listeners).
         self.on_sample: Callable[[RoundSample], None] | None = None
         self._log_every_s = options.event_log_progress_s
         self._logged_at: float | None = None
+        self._sample_failed = False
         self._sampler = RoundSampler(spark, self.run_id, options.progress_interval_s, self._sampled)
 
     @property
@@ -192,6 +194,7 @@ class RunObservers:
         pending, self._pending_start = self._pending_start, None
         if pending is not None:
             pending()
+            self._start_written = True
 
     @contextmanager
     def round(self, epoch: int) -> Iterator[None]:
@@ -214,19 +217,29 @@ class RunObservers:
 
     def _sampled(self, sample: RoundSample) -> None:
         """Show, log and hand on a sample of the running round."""
-        self._bar.round_progress(sample)
-        # Not before the run's start line, which waits for its resident mode to be known.
-        # A round shorter than the log's interval logs none: its round_end says it all.
-        every = self._log_every_s
-        if self._log is not None and every > 0 and self._pending_start is None:
-            now = time.perf_counter()
-            if sample.elapsed_s >= every and (
-                self._logged_at is None or now - self._logged_at >= every
-            ):
-                self._logged_at = now
-                self._log.round_progress(run_id=self.run_id, sample=sample)
+        try:
+            self._bar.round_progress(sample)
+            self._log_sample(sample)
+        except Exception as exc:  # the round goes on; listeners still hear the sample
+            if not self._sample_failed:
+                self._sample_failed = True
+                warn(f"a sample of a running round could not be shown or logged: {gist(exc)}")
         if self.on_sample is not None:
             self.on_sample(sample)
+
+    def _log_sample(self, sample: RoundSample) -> None:
+        """A ``round_progress`` line, at most every ``event_log_progress_s``; none for a
+        round shorter than that (its round_end says it all), and none before the run's
+        start line (which waits for its resident mode to be known)."""
+        every = self._log_every_s
+        if self._log is None or every <= 0 or not self._start_written:
+            return
+        now = time.perf_counter()
+        if sample.elapsed_s >= every and (
+            self._logged_at is None or now - self._logged_at >= every
+        ):
+            self._logged_at = now
+            self._log.round_progress(run_id=self.run_id, sample=sample)
 
     def complete(
         self,
@@ -325,9 +338,11 @@ class RunObservers:
         """Final metrics push (it completes before this returns), then release everything."""
         self._bar.close("stopped")  # a no-op once the run's outcome closed it
         try:
-            self._sampler.close()
-            self.flush_start()
-            self._pusher.stop()
+            try:
+                self._sampler.close()
+            finally:
+                self.flush_start()
+                self._pusher.stop()
         finally:
             REGISTRY.end_run(self.metrics)
             if self.parent is not None:

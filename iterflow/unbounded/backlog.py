@@ -73,7 +73,12 @@ class SourceBacklog:
         last: Any = self._stream.lastProgress or {}
         finished = (last.get("batchId"), last.get("timestamp"))
         if self._measured is None or self._measured[0] != finished:
-            self._measured = (finished, self._measure(last))
+            try:
+                measured = self._measure(last)
+            except Exception as exc:  # a report only: the epoch goes on without it
+                log.warning("iterflow: the sources' backlog cannot be measured (%s)", exc)
+                measured = {}
+            self._measured = (finished, measured)
         return dict(self._measured[1])
 
     def _measure(self, last: Any) -> dict[str, float]:
@@ -112,7 +117,8 @@ class SourceBacklog:
         batch, started = last.get("batchId"), last.get("timestamp")
         if batch is None or started is None:
             return {}
-        start = datetime.fromisoformat(str(started)).timestamp()
+        # Spark writes UTC as "...Z", which Python reads only from 3.11 on.
+        start = datetime.fromisoformat(str(started).replace("Z", "+00:00")).timestamp()
         previous, self._previous_start = self._previous_start, (int(batch), start)
         rows = self._batch_rows(int(batch))
         if rows is None or sources != len(self._streams):

@@ -8,7 +8,9 @@ from typing import Any
 
 from pyspark.sql.streaming import StreamingQuery
 
+from iterflow.errors import IterflowError
 from iterflow.records import RoundProgress, Termination
+from iterflow.runtime.round_sampler import on_sampler_thread
 from iterflow.unbounded.backlog import SourceBacklog
 from iterflow.unbounded.epochs import EpochLoop
 
@@ -119,6 +121,12 @@ class UnboundedQuery:
 
         Raises the error that failed the iteration, if it failed.
         """
+        if self._inside():
+            raise IterflowError(
+                "process_all_available() was called from a listener (or another thread the "
+                "iteration runs on): it would wait for the epoch that called it. Call it "
+                "from your own thread; stop() works from a listener"
+            )
         if self._available_now:
             self.await_termination()
             return
@@ -153,8 +161,13 @@ class UnboundedQuery:
             self._done.wait()
 
     def _inside(self) -> bool:
-        """True on a thread the iteration runs on: waiting there for the end would deadlock."""
-        return self._loop.in_epoch_thread or threading.current_thread() is self._watcher
+        """True on a thread the iteration runs on (or one delivering its samples): waiting
+        there for the end would deadlock."""
+        return (
+            self._loop.in_epoch_thread
+            or threading.current_thread() is self._watcher
+            or on_sampler_thread()
+        )
 
     def _stop_stream(self) -> None:
         with self._loop.exclusive():
