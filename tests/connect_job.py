@@ -152,6 +152,12 @@ def sampled(spark: SparkSession) -> dict:  # type: ignore[type-arg]
     )
     return {
         "durations": [p.duration_s for p in result.history],
+        # The round's exact counts; an observation Spark Connect left undelivered (None,
+        # as PySpark 4.0 leaves the one inside this small feedback's plan) is left out.
+        "counts": [
+            {**{k: v for k, v in p.observed.items() if v is not None}, **p.rows}
+            for p in result.history
+        ],
         "samples": [
             {
                 "epoch": s.epoch,

@@ -295,7 +295,7 @@ class RoundCycle:
         history, show and log it, then call the listeners; the completed progress."""
         loop = self.loop
         try:
-            loop.observers.round_done()  # the round's last sample, before its end
+            loop.observers.round_done(progress)  # the round's last sample, before its end
         except SampleDeliveryError as exc:
             fail(rnd.epoch, exc.stage, exc.cause)
         progress = loop.observers.complete(progress, conditions, loop.history)

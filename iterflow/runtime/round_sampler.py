@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from functools import partial
 from typing import Any, NoReturn, Protocol
@@ -135,12 +135,15 @@ class RoundSampler:
                 if self._stop() is not None:  # the round failed before its end
                     self._forget()
 
-    def finish(self) -> None:
-        """The round's work is done: its final sample (if it was sampled at all) is
-        delivered now, on this thread; an error its deliveries raised is raised."""
+    def finish(self, counted: Mapping[str, int]) -> None:
+        """The round's work is done, with the exact rows ``counted`` of its steps: its
+        final sample (if it was sampled at all) is delivered now, on this thread; an error
+        its deliveries raised is raised."""
         current = self._stop()
         if current is None:
             return
+        current.steps.counted.update(counted)
+        current.steps.pending.clear()
         try:
             self._finish(current)
         finally:

@@ -210,10 +210,12 @@ class RunObservers:
         finally:
             _RUNNING.reset(token)
 
-    def round_done(self) -> None:
-        """The running round's work is done: its last sample goes out (if it was sampled);
-        raises ``SampleDeliveryError`` when a listener failed on one of its samples."""
-        self._sampler.finish()
+    def round_done(self, progress: RoundProgress) -> None:
+        """The running round's work is done (``progress``): its last sample goes out, with
+        the round's exact step counts (if it was sampled at all); raises
+        ``SampleDeliveryError`` when a listener failed on one of its samples."""
+        counted = {**progress.input_rows, **progress.observed, **progress.rows}
+        self._sampler.finish({name: n for name, n in counted.items() if n is not None})
 
     def _sampled(self, sample: RoundSample) -> None:
         """Show, log and hand on a sample of the running round."""
