@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from pyspark import SparkContext
@@ -206,13 +207,10 @@ class HadoopFiles:
     def file_sizes(self, path: str) -> dict[str, int]:
         """Relative path -> size of every file under the directory ``path``."""
         root = self._fs(path).makeQualified(self._path(path)).toString()
-        found = self._fs(path).listFiles(self._path(path), True)
-        sizes: dict[str, int] = {}
-        while found.hasNext():
-            status = found.next()
-            full = str(status.getPath().toString())
-            sizes[full[len(root) :].lstrip("/")] = int(status.getLen())
-        return sizes
+        return {
+            str(s.getPath().toString())[len(root) :].lstrip("/"): int(s.getLen())
+            for s in jvm_iterate(self._fs(path).listFiles(self._path(path), True))
+        }
 
     def delete(self, path: str) -> None:
         self._fs(path).delete(self._path(path), True)
@@ -225,12 +223,17 @@ class HadoopFiles:
 
     def modification_times(self, path: str) -> dict[str, int]:
         """URI -> modification time (ms since the epoch) of every file under ``path``."""
-        found = self._fs(path).listFiles(self._path(path), True)
-        times: dict[str, int] = {}
-        while found.hasNext():
-            status = found.next()
-            times[str(status.getPath().toUri().toString())] = int(status.getModificationTime())
-        return times
+        return {
+            str(s.getPath().toUri().toString()): int(s.getModificationTime())
+            for s in jvm_iterate(self._fs(path).listFiles(self._path(path), True))
+        }
+
+
+def jvm_iterate(iterator: Any) -> Iterator[Any]:
+    """The elements of a JVM iterator handed over by py4j (a Scala ``Iterator``, a Hadoop
+    ``RemoteIterator``: anything with ``hasNext`` and ``next``)."""
+    while iterator.hasNext():
+        yield iterator.next()
 
 
 def in_session(df: DataFrame, spark: SparkSession) -> DataFrame:

@@ -29,7 +29,7 @@ import attrs
 from pyspark.sql import SparkSession
 
 from iterflow.progress.sampling import Reading
-from iterflow.runtime.jvm import spark_context, status_stores
+from iterflow.runtime.jvm import jvm_iterate, spark_context, status_stores
 
 #: Operators that output every row they take, and no metric of their own counts them.
 _KEEP_ROWS = frozenset(
@@ -119,13 +119,6 @@ def _int(text: Any) -> int | None:
         return int(str(text).replace(",", ""))
     except ValueError:
         return None
-
-
-def _items(seq: Any) -> Iterator[Any]:
-    """The elements of a Scala collection handed over by py4j."""
-    iterator = seq.iterator()
-    while iterator.hasNext():
-        yield iterator.next()
 
 
 def _rows_of_steps(
@@ -239,7 +232,7 @@ class ClassicStatus:
     def _input(self, stage_ids: Any) -> tuple[int, int]:
         """Rows and bytes the stages read so far."""
         rows = size = 0
-        for stage_id in _items(stage_ids):
+        for stage_id in jvm_iterate(stage_ids.iterator()):
             try:
                 stage = self._store.lastStageAttempt(int(stage_id))
             except Exception:  # a stage not in the store yet has read nothing
@@ -257,7 +250,7 @@ class ClassicStatus:
         start = max(count - _NEWEST_EXECUTIONS, 0)
         if count == start:
             return rows
-        executions = list(_items(self._sql.executionsList(start, count - start)))
+        executions = list(jvm_iterate(self._sql.executionsList(start, count - start).iterator()))
         # Noted before their executions start: copied after listing them, an execution
         # listed finds every observation of its plan here.
         observations = dict(steps.observations)
