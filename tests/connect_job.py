@@ -9,7 +9,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 import warnings
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -19,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from test_round_progress import slow_body, values
 
 import iterflow as itf
 from iterflow.graph import Graph, connected_components, pagerank
@@ -126,26 +126,13 @@ def sampled(spark: SparkSession) -> dict:  # type: ignore[type-arg]
     progress handler let iterflow see of them."""
     samples: list[itf.RoundSample] = []
 
-    def sleep_then(value):  # type: ignore[no-untyped-def]  # (hints would ask for pandas)
-        time.sleep(0.1)
-        return value
-
-    slow = F.udf(sleep_then, "long")
-
-    @itf.body
-    def step(x: DataFrame, ctx: itf.RoundContext) -> itf.Declaration:
-        slowed = ctx.observe("slowed", x.repartition(4).withColumn("v", slow("v")))
-        nxt = slowed.select((F.col("v") + 1).alias("v"))
-        return itf.Declaration(feedback={"x": nxt}, outputs={"x": nxt})
-
     class Samples(itf.RoundListener):
         def on_round_progress(self, sample: itf.RoundSample) -> None:
             samples.append(sample)
 
-    start = spark.range(0, 24, 1, 4).selectExpr("id AS v")
     result = (
-        itf.BoundedIteration(step)
-        .bind("x", start)
+        itf.BoundedIteration(slow_body(0.1))  # the body of the classic session's tests
+        .bind("x", values(spark))
         .until(itf.max_rounds(2))
         .listen(Samples())
         .run(progress=False, progress_interval_s=0.2)

@@ -34,14 +34,19 @@ SLOW_S = 0.25
 pytestmark = pytest.mark.spark_classic  # reads the status of a classic session's jobs
 
 
-def slow_body(sleep_s: float) -> itf.IterationBody:
-    """Every round sends each value through a UDF that sleeps ``sleep_s`` per row."""
+def slow_udf(sleep_s: float) -> Any:
+    """A UDF that returns its long argument after sleeping ``sleep_s``."""
 
     def sleep_then(value):  # type: ignore[no-untyped-def]  # (hints would ask for pandas)
         time.sleep(sleep_s)
         return value
 
-    slow = F.udf(sleep_then, "long")
+    return F.udf(sleep_then, "long")
+
+
+def slow_body(sleep_s: float) -> itf.IterationBody:
+    """Every round sends each value through a UDF that sleeps ``sleep_s`` per row."""
+    slow = slow_udf(sleep_s)
 
     @itf.body
     def step(x: DataFrame, ctx: itf.RoundContext) -> itf.Declaration:
@@ -50,6 +55,21 @@ def slow_body(sleep_s: float) -> itf.IterationBody:
         return itf.Declaration(feedback={"x": nxt}, outputs={"x": nxt})
 
     return step
+
+
+def slow_sum_body(sleep_s: float, partitions: int | None = None) -> itf.IterationBody:
+    """An unbounded body: ``total`` += the sum of the epoch's ``numbers``, each sent through
+    a UDF that sleeps ``sleep_s`` (after repartitioning them into ``partitions``)."""
+    slow = slow_udf(sleep_s)
+
+    @itf.body
+    def summing(total: DataFrame, numbers: DataFrame) -> itf.Declaration:
+        spread = numbers if partitions is None else numbers.repartition(partitions)
+        added = spread.select(slow("x").alias("x")).agg(F.sum("x").alias("added"))
+        new_total = total.crossJoin(added).select((F.col("total") + F.col("added")).alias("total"))
+        return itf.Declaration(feedback={"total": new_total}, outputs={"total": new_total})
+
+    return summing
 
 
 def values(spark: SparkSession) -> DataFrame:
@@ -354,21 +374,9 @@ def test_an_unbounded_epoch_is_sampled_with_its_streaming_input(
     folder.mkdir()
     (folder / "part-0.json").write_text("".join(f'{{"x": {i}}}\n' for i in range(ROWS)))
 
-    def sleep_then(value):  # type: ignore[no-untyped-def]  # (hints would ask for pandas)
-        time.sleep(SLOW_S / 4)
-        return value
-
-    slow = F.udf(sleep_then, "long")
-
-    @itf.body
-    def summing(total: DataFrame, numbers: DataFrame) -> itf.Declaration:
-        added = numbers.repartition(4).select(slow("x").alias("x")).agg(F.sum("x").alias("added"))
-        new_total = total.crossJoin(added).select((F.col("total") + F.col("added")).alias("total"))
-        return itf.Declaration(feedback={"total": new_total}, outputs={"total": new_total})
-
     recorder = Recorder()
     query = (
-        itf.UnboundedIteration(summing)
+        itf.UnboundedIteration(slow_sum_body(SLOW_S / 4, partitions=4))
         .bind("total", spark.createDataFrame([(0,)], "total long"), state=True)
         .bind("numbers", spark.readStream.schema("x long").json(str(folder)))
         .listen(recorder)
@@ -447,18 +455,6 @@ def test_an_unbounded_query_stops_from_on_round_progress(
     for part in range(3):  # one file per micro-batch: the first epoch's sample stops it
         (folder / f"part-{part}.json").write_text("".join(f'{{"x": {i}}}\n' for i in range(8)))
 
-    def sleep_then(value):  # type: ignore[no-untyped-def]  # (hints would ask for pandas)
-        time.sleep(0.2)
-        return value
-
-    slow = F.udf(sleep_then, "long")
-
-    @itf.body
-    def summing(total: DataFrame, numbers: DataFrame) -> itf.Declaration:
-        added = numbers.select(slow("x").alias("x")).agg(F.sum("x").alias("added"))
-        new_total = total.crossJoin(added).select((F.col("total") + F.col("added")).alias("total"))
-        return itf.Declaration(feedback={"total": new_total}, outputs={"total": new_total})
-
     class Stopper(Recorder):
         query: itf.UnboundedQuery | None = None
         refused: Exception | None = None
@@ -474,7 +470,7 @@ def test_an_unbounded_query_stops_from_on_round_progress(
 
     stopper = Stopper()
     stopper.query = (
-        itf.UnboundedIteration(summing)
+        itf.UnboundedIteration(slow_sum_body(0.2))
         .bind("total", spark.createDataFrame([(0,)], "total long"), state=True)
         .bind(
             "numbers",
