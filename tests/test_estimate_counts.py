@@ -12,6 +12,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from sessions import jobs_started
+from test_graph import path_graph
 
 import iterflow as itf
 from iterflow.graph import Graph, Pregel, connected_components, label_propagation, pregel
@@ -105,10 +106,7 @@ def test_connected_components_of_a_long_path_estimate_the_rounds_left_after_roun
     n = 60
     ids = list(range(n))
     random.Random(11).shuffle(ids)
-    path = Graph(
-        spark.createDataFrame([(v,) for v in range(n)], "id long"),
-        spark.createDataFrame([(ids[k], ids[k + 1]) for k in range(n - 1)], "src long, dst long"),
-    )
+    path = path_graph(spark, ids)
     seen: list[itf.RoundProgress] = []
     rows = connected_components(
         path, method="dataframe", listen=lambda end: seen.append(end.progress), progress=False

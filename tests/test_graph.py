@@ -24,6 +24,16 @@ from iterflow.graph import (
 )
 
 
+def path_graph(spark, ids: list[int]) -> Graph:
+    """The vertices ``ids`` joined one after another in that order: a path."""
+    return Graph(
+        spark.createDataFrame([(v,) for v in sorted(ids)], "id long"),
+        spark.createDataFrame(
+            [(ids[k], ids[k + 1]) for k in range(len(ids) - 1)], "src long, dst long"
+        ),
+    )
+
+
 def random_graph(spark, seed: int, vertices: int, edges: int):
     """Directed random edges with self-loops and duplicates, plus isolated vertices."""
     rng = random.Random(seed)
@@ -61,10 +71,7 @@ def test_components_of_a_long_path_take_few_rounds_and_ever_fewer_messages(spark
     ids = list(range(n))
     if order == "shuffled":
         random.Random(5).shuffle(ids)
-    path = Graph(
-        spark.createDataFrame([(v,) for v in range(n)], "id long"),
-        spark.createDataFrame([(ids[k], ids[k + 1]) for k in range(n - 1)], "src long, dst long"),
-    )
+    path = path_graph(spark, ids)
     seen = []
     rows = connected_components(
         path, method="dataframe", listen=lambda end: seen.append(end.progress), progress=False
@@ -89,10 +96,7 @@ def test_vector_components_join_each_partition_locally_then_all_at_once(spark):
     n = 2000
     ids = list(range(n))
     random.Random(6).shuffle(ids)
-    path = Graph(
-        spark.createDataFrame([(v,) for v in range(n)], "id long"),
-        spark.createDataFrame([(ids[k], ids[k + 1]) for k in range(n - 1)], "src long, dst long"),
-    )
+    path = path_graph(spark, ids)
     seen = []
     rows = connected_components(
         path, method="arrow", listen=lambda end: seen.append(end.progress), progress=False
