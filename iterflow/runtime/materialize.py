@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -44,9 +44,15 @@ def unique_observation(prefix: str) -> Observation:
     return Observation(f"iterflow_{prefix}_{next(_names)}")
 
 
-def observation_name(observation: Observation) -> str:
-    """The name Spark shows for ``observation`` (in its plan's ``CollectMetrics`` node)."""
-    return str(observation._name)
+def step_observation(prefix: str, steps: Iterable[str], *, watched: bool = True) -> Observation:
+    """A fresh observation of the rows of the round's steps ``steps``, noted for progress
+    sampling under the name Spark shows in its plan's ``CollectMetrics`` node.
+
+    ``watched``: the sampler reads its count once Spark delivers it; otherwise the
+    caller notes the count itself (``note_rows``)."""
+    observation = unique_observation(prefix)
+    note_step(str(observation._name), steps, observation if watched else None)
+    return observation
 
 
 def observe_rows(df: DataFrame, observation: Observation) -> DataFrame:
@@ -153,8 +159,7 @@ def materialize(
                 rows[id(df)] = table.num_rows
                 tables[id(df)] = table
             else:
-                observation = unique_observation("rows")
-                note_step(observation_name(observation), names.get(id(df), ()))
+                observation = step_observation("rows", names.get(id(df), ()), watched=False)
                 observed = observe_rows(df, observation)
                 frames[id(df)] = observed.localCheckpoint(eager=True)
                 deliver_observations(observed)

@@ -9,14 +9,12 @@ from iterflow.errors import IterflowTypeError, IterflowValueError
 from iterflow.runtime.columnar import ColumnarData, Prepare, plan_key
 from iterflow.runtime.jvm import await_observations
 from iterflow.runtime.materialize import (
-    observation_name,
     observe_rows,
     observed_rows,
     persist_owned,
-    unique_observation,
+    step_observation,
 )
 from iterflow.runtime.resident import ResidentData, ResidentPolicy
-from iterflow.runtime.round_status import note_step
 
 
 class CacheRegistry:
@@ -83,9 +81,8 @@ class SparkRoundScope:
                 f"epoch {self.epoch}: observe('{name}') was called twice in one round; "
                 "give each observed step its own name"
             )
-        observation = unique_observation("observe")
+        observation = step_observation("observe", (name,))
         self._observations[name] = observation
-        note_step(observation_name(observation), (name,), observation)
         return observe_rows(df, observation)
 
     def cache(self, df: DataFrame, lifecycle: Lifecycle) -> DataFrame:

@@ -36,14 +36,8 @@ from iterflow.runtime.cycle import LoopState, RoundCycle
 from iterflow.runtime.declaration import DeclarationCheck
 from iterflow.runtime.driver_variables import DRIVER_ROWS
 from iterflow.runtime.jvm import in_session
-from iterflow.runtime.materialize import (
-    observation_name,
-    observe_rows,
-    observed_rows,
-    unique_observation,
-)
+from iterflow.runtime.materialize import observe_rows, observed_rows, step_observation
 from iterflow.runtime.round_context import CacheRegistry
-from iterflow.runtime.round_status import note_step
 from iterflow.runtime.run_observers import RunObservers
 from iterflow.runtime.sinks import Sink
 from iterflow.unbounded import epoch_log
@@ -209,9 +203,7 @@ class EpochLoop:
         """Epoch ``self.epoch + 1`` on the rows ``new`` of each streaming input (None: none)."""
         epoch = self.epoch + 1
         with self.loop.observers.round(epoch):
-            observations = {name: unique_observation("input") for name in self.streams}
-            for name, observation in observations.items():
-                note_step(observation_name(observation), (name,), observation)
+            observations = {name: step_observation("input", (name,)) for name in self.streams}
             inputs: dict[str, DataFrame] = {}
             for name in self.loop.check.schemas:
                 if name in self.streams:
