@@ -164,6 +164,9 @@ def main() -> None:
     # connects (the test checks first that no other server holds the port).
     spark = SparkSession.builder.remote("local[2]").getOrCreate()
     spark.conf.set("spark.sql.shuffle.partitions", "4")
+    # The server reports each operation's stages to the client's progress handler this
+    # often (2 s by default, longer than the sampled rounds' operations).
+    spark.conf.set("spark.connect.progress.reportInterval", "100ms")
     rng = np.random.default_rng(5)
     points = np.concatenate([rng.normal(c, 0.3, (100, 2)) for c in ([0, 0], [5, 0], [0, 5])])
     frame = spark.createDataFrame(pa.table({"x": points[:, 0], "y": points[:, 1]}))
