@@ -25,6 +25,7 @@ from iterflow.runtime.driver_variables import to_arrow, vector, vector_cell
 from iterflow.runtime.session import session
 from iterflow.termination import Condition, converged, empty, max_rounds, until
 from iterflow.unbounded import FileSink, UnboundedIteration, UnboundedQuery
+from iterflow.windows import FixedWindows, SessionWindows, SlidingWindows, WindowFn
 
 __version__ = "0.1.0"
 
@@ -35,6 +36,7 @@ __all__ = [
     "Declaration",
     "DivergenceError",
     "FileSink",
+    "FixedWindows",
     "IterationBody",
     "IterationEnd",
     "IterationResult",
@@ -46,9 +48,12 @@ __all__ = [
     "RoundListener",
     "RoundProgress",
     "RoundSample",
+    "SessionWindows",
+    "SlidingWindows",
     "Termination",
     "UnboundedIteration",
     "UnboundedQuery",
+    "WindowFn",
     "__version__",
     "body",
     "combine",

@@ -11,7 +11,7 @@ Example::
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 import attrs
@@ -95,6 +95,14 @@ class RoundScope(Protocol):
 
     def columnar(self, df: DataFrame, prepare: Any) -> Any: ...
 
+    def window(self, df: DataFrame, window: Any, allowed_lateness: Any, **options: Any) -> Any: ...
+
+    def join(
+        self, left: DataFrame, right: DataFrame, on: Any, within: Any, **options: Any
+    ) -> Any: ...
+
+    def late(self, name: str) -> Any: ...
+
 
 class RoundContext:
     """The round being built: its ``epoch``, the iteration's ``state``, and helpers."""
@@ -132,6 +140,71 @@ class RoundContext:
             partial = edges.map(lambda t, r: ..., "total DOUBLE", ranks)
         """
         return self._scope.columnar(df, prepare)
+
+    def window(
+        self,
+        df: DataFrame,
+        window: Any,
+        allowed_lateness: Any = None,
+        *,
+        by: str | Sequence[str] | None = None,
+        event_time: str | None = None,
+        name: str | None = None,
+    ) -> DataFrame:
+        """Rows of ``df`` by event-time window, emitted once the watermark passes the window
+        (an ``UnboundedIteration`` with an input bound with ``event_time=``).
+
+        ``window`` is ``itf.FixedWindows(size)``, ``itf.SlidingWindows(size, every)``,
+        ``itf.SessionWindows(gap)`` (merged per ``by`` key) or an ``itf.WindowFn``. The
+        result holds, in the epoch a window fires, every row of it with a ``window``
+        column (``start``, ``end``) and ``pane`` (0 the first time, then 1, 2... for each
+        update); aggregate it with ``groupBy("window", ...)``. Until the watermark
+        passes the window's end plus ``allowed_lateness`` (a duration, default 0), a
+        late row fires the window again with all its rows; later rows are dropped into
+        ``ctx.late(name)``. ``event_time`` defaults to the column declared with
+        ``bind(..., event_time=)`` that ``df`` has, or else to the end of a ``window``
+        column (an earlier window step's aggregate). ``name`` (default ``window_0``,
+        ``window_1``... in call order) names the step in watermarks, late rows and
+        state sizes.
+
+        Example::
+
+            per_minute = ctx.window(clicks, itf.FixedWindows("1 minute"), "5 minutes")
+            counts = per_minute.groupBy("window", "page").count()
+        """
+        return self._scope.window(
+            df, window, allowed_lateness, by=by, event_time=event_time, name=name
+        )
+
+    def join(
+        self,
+        left: DataFrame,
+        right: DataFrame,
+        on: str | Sequence[str],
+        *,
+        within: Any = None,
+        event_time: str | tuple[str, str] | None = None,
+        name: str | None = None,
+    ) -> DataFrame:
+        """Join two streams incrementally: each new row meets the other side's rows of
+        earlier epochs (and this one's) with equal ``on`` keys and event times at most
+        ``within`` apart (a duration, required); each pair comes out once. Rows are kept
+        only while the watermark lets a match still arrive; rows older than the
+        watermark are dropped into ``ctx.late(name)``. The result has the keys, then
+        the other columns of each side (names must not clash, but for an event-time
+        column of the same name on both sides, which then holds the later of the two).
+
+        Example::
+
+            matched = ctx.join(views, clicks, "ad", within="10 minutes")
+        """
+        return self._scope.join(left, right, on, within, event_time=event_time, name=name)
+
+    def late(self, name: str) -> DataFrame:
+        """The rows that step ``name`` (a ``ctx.window`` or ``ctx.join`` called earlier in
+        this epoch) dropped as too late, to sink or inspect: a window step's rows with the
+        expired ``window`` they were assigned to, a join's rows with a ``side`` column."""
+        return self._scope.late(name)
 
     def __repr__(self) -> str:
         return f"RoundContext(epoch={self.epoch})"

@@ -49,6 +49,14 @@ class RoundProgress:
     ``epoch_path`` places the round among nested iterations, outermost first:
     ``(epoch,)`` for a run of its own, ``(3, 0)`` for round 0 of an iteration run
     inside round 3 of another (by its body or a listener).
+
+    Unbounded iterations in event time also fill in ``watermarks`` (aware UTC
+    datetimes after the epoch: each input bound with ``event_time=``, each
+    ``ctx.window``/``ctx.join`` step's output watermark, and ``"loop"``, below which
+    the iteration emits nothing more; ``datetime.min``/``datetime.max`` in UTC stand
+    for none yet / inputs ended), ``late_rows`` (rows each step dropped as too late in
+    the epoch, see ``ctx.late``) and ``state_rows`` (rows each step keeps for later
+    epochs).
     """
 
     epoch: int
@@ -72,6 +80,9 @@ class RoundProgress:
     epoch_path: tuple[int, ...] = attrs.field(
         default=attrs.Factory(lambda self: (self.epoch,), takes_self=True), converter=_path
     )
+    watermarks: Mapping[str, datetime] = attrs.field(factory=dict, converter=_frozen_dict)
+    late_rows: Mapping[str, int] = attrs.field(factory=dict, converter=_frozen_dict)
+    state_rows: Mapping[str, int] = attrs.field(factory=dict, converter=_frozen_dict)
 
 
 @attrs.frozen(kw_only=True)

@@ -23,6 +23,7 @@ LOOPS = (
     "iterflow.body",
     "iterflow.builder",
     "iterflow.runtime",
+    "iterflow.windows",
 )
 
 #: part -> the parts it may import (itself always). "iterflow" is the public API
@@ -31,6 +32,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     # Leaves: pure Python values and rules.
     "iterflow.errors": (),
     "iterflow.records": (),
+    "iterflow.windows": ("iterflow.errors",),
     "iterflow.termination": ("iterflow.errors", "iterflow.records"),
     "iterflow.metrics": ("iterflow.errors",),
     "iterflow.progress": ("iterflow.errors", "iterflow.records", "iterflow.metrics"),
@@ -48,6 +50,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "iterflow.runtime": (
         "iterflow.errors",
         "iterflow.records",
+        "iterflow.windows",
         "iterflow.termination",
         "iterflow.metrics",
         "iterflow.progress",
@@ -89,6 +92,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "iterflow.body",
         "iterflow.bounded",
         "iterflow.unbounded",
+        "iterflow.windows",
     ),
 }
 
@@ -105,7 +109,13 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
 }
 
 #: Modules that import no Spark: the leaves (the metrics' Spark bridge aside).
-LEAVES = ("iterflow.errors", "iterflow.records", "iterflow.termination", "iterflow.progress")
+LEAVES = (
+    "iterflow.errors",
+    "iterflow.records",
+    "iterflow.termination",
+    "iterflow.progress",
+    "iterflow.windows",
+)
 SPARK = ("pyspark", "py4j")
 
 #: Spark's JVM internals are reached in runtime/jvm.py only (and asked about with its

@@ -58,6 +58,9 @@ def progress_to_dict(p: RoundProgress) -> dict[str, Any]:
         "backlog": dict(p.backlog),
         "resident": p.resident,
         "epoch_path": list(p.epoch_path),
+        "watermarks": {name: mark.isoformat() for name, mark in p.watermarks.items()},
+        "late_rows": dict(p.late_rows),
+        "state_rows": dict(p.state_rows),
     }
 
 

@@ -9,6 +9,7 @@ while it runs (``iterflow.progress.sampling``).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any
 
 import attrs
@@ -66,6 +67,13 @@ class RoundEnd:
     def emit(self, name: str, value: Any) -> None:
         """Record ``value`` under ``name``; the run's result lists them in ``emitted``."""
         self._emitter.emit(name, value)
+
+    @property
+    def watermarks(self) -> Mapping[str, datetime]:
+        """An unbounded iteration's event-time watermarks after the epoch: per input bound
+        with ``event_time=``, per ``ctx.window``/``ctx.join`` step, and ``"loop"`` (see
+        ``RoundProgress.watermarks``); empty without event time."""
+        return self.progress.watermarks
 
 
 @attrs.frozen(kw_only=True)

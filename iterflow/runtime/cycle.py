@@ -23,7 +23,7 @@ from functools import partial
 from typing import Any, NoReturn
 
 import attrs
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 
 from iterflow.body import IterationBody, RoundContext
 from iterflow.errors import IterflowError, RoundError
@@ -33,6 +33,7 @@ from iterflow.records import RoundProgress, Termination
 from iterflow.runtime.checkpoint import DriverState
 from iterflow.runtime.declaration import DeclarationCheck, RoundPlan
 from iterflow.runtime.driver_variables import DriverVariables
+from iterflow.runtime.event_steps import EpochSteps
 from iterflow.runtime.materialize import Materialized, materialize, persist_owned, release
 from iterflow.runtime.round_context import CacheRegistry, SparkRoundScope
 from iterflow.runtime.round_sampler import SampleDeliveryError, delivery_failed
@@ -103,6 +104,10 @@ class LoopState:
         return self.observers.terminated(termination, rounds)
 
 
+#: More targets and aggregates for a round's materialization, given its feedback.
+Extras = Callable[[Mapping[str, DataFrame]], tuple[list[DataFrame], dict[int, list[Column]]]]
+
+
 @attrs.frozen
 class EvaluatedRound:
     """A round's body called, its Declaration checked and materialized."""
@@ -124,10 +129,14 @@ def evaluate_round(
     check: DeclarationCheck,
     plan_of: Callable[[Any], RoundPlan],
     on_driver: Collection[str] = (),
+    extras: Extras | None = None,
 ) -> EvaluatedRound:
     """Call ``body`` for round ``ctx.epoch``, check its Declaration with ``plan_of``, and
     materialize its feedback, outputs, criteria and convergence values (the feedback of
-    the variables named in ``on_driver`` as rows on the driver)."""
+    the variables named in ``on_driver`` as rows on the driver).
+
+    ``extras``, given the round's feedback, names more DataFrames to materialize with
+    the round (event-time steps' state) and aggregates to compute on the same jobs."""
     epoch = ctx.epoch
     try:
         declaration = body(inputs, ctx)
@@ -135,14 +144,16 @@ def evaluate_round(
         fail(epoch, f"body '{body.name}'", exc)
     plan = plan_of(declaration)
     feedback, outputs = plan.declaration.feedback, plan.declaration.outputs
+    more, metrics = extras(feedback) if extras is not None else ([], {})
     try:
         done = materialize(
-            targets=[*feedback.values(), *outputs.values()],
+            targets=[*feedback.values(), *outputs.values(), *more],
             criteria=[c.criteria for c in plan.criteria],
             values=[c.value for c in plan.convergence if not callable(c.value)],
             epoch=epoch,
             on_driver={id(df) for name, df in feedback.items() if name in on_driver},
             names=_step_names({**outputs, **feedback}),
+            metrics=metrics,
         )
     except Exception as exc:
         fail(epoch, "materialization", exc)
@@ -253,16 +264,19 @@ class RoundCycle:
         inputs: Mapping[str, DataFrame],
         plan_of: Callable[[Any], RoundPlan],
         candidates: Collection[str],
+        events: EpochSteps | None = None,
+        extras: Extras | None = None,
     ) -> Round:
         """Call ``body`` for round ``epoch`` and materialize its Declaration; the feedback of
-        the small ``candidates`` (see ``DriverVariables``) stays on the driver."""
+        the small ``candidates`` (see ``DriverVariables``) stays on the driver. ``events``
+        backs the round's event-time steps; ``extras`` as in ``evaluate_round``."""
         started_at = datetime.now(timezone.utc)
         clock = time.perf_counter()
-        scope = SparkRoundScope(epoch, self.caches)
+        scope = SparkRoundScope(epoch, self.caches, events)
         ctx = RoundContext(epoch, self.loop.state, scope)
         calls = self.caches.resident_calls
         small = self.variables.small(candidates)
-        evaluated = evaluate_round(body, inputs, ctx, self.loop.check, plan_of, small)
+        evaluated = evaluate_round(body, inputs, ctx, self.loop.check, plan_of, small, extras)
         self.held.extend(evaluated.produced)  # released with the rest if this round fails
         self.variables.rows = {name: evaluated.rows[name] for name in evaluated.variables}
         self.variables.tables = evaluated.tables

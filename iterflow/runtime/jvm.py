@@ -328,6 +328,15 @@ def semantic_hash(df: DataFrame) -> int | None:
     return int(jdf.queryExecution().analyzed().semanticHash())
 
 
+def logical_plan_text(df: DataFrame) -> str | None:
+    """The text of ``df``'s logical plan as built (subquery aliases included); None where
+    the plan cannot be reached (a Spark Connect DataFrame)."""
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:
+        return None
+    return str(jdf.queryExecution().logical().toString())
+
+
 #: Physical operators that may run Spark jobs before the plan's own tasks do (a shuffle,
 #: a broadcast, a subquery, an adaptive query stage).
 _RUNS_JOBS = ("Exchange", "Subquery", "QueryStage")

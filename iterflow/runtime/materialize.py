@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, Observation
+from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
 from iterflow.errors import IterflowValueError
@@ -55,18 +55,26 @@ def step_observation(prefix: str, steps: Iterable[str], *, watched: bool = True)
     return observation
 
 
-def observe_rows(df: DataFrame, observation: Observation) -> DataFrame:
-    return df.observe(observation, F.count(F.lit(1)).alias("rows"))
+def observe_rows(df: DataFrame, observation: Observation, *metrics: Column) -> DataFrame:
+    """``df`` counting its rows (``rows``), and aggregating ``metrics`` (aliased aggregate
+    columns), into ``observation`` when Spark evaluates it."""
+    return df.observe(observation, F.count(F.lit(1)).alias("rows"), *metrics)
+
+
+def observed_metrics(observation: Observation) -> dict[str, Any] | None:
+    """Every metric ``observation`` holds, or None when Spark never (fully) evaluated it."""
+    if not observation_ready(observation):
+        return None
+    try:
+        return dict(observation.get)
+    except Exception:  # pruned by the optimizer: Spark completes it with an error
+        return None
 
 
 def observed_rows(observation: Observation) -> int | None:
     """Rows counted by ``observation``, or None when Spark never (fully) evaluated it."""
-    if not observation_ready(observation):
-        return None
-    try:
-        return int(observation.get["rows"])
-    except Exception:  # pruned by the optimizer: Spark completes it with an error
-        return None
+    metrics = observed_metrics(observation)
+    return None if metrics is None else int(metrics["rows"])
 
 
 def is_persisted(df: DataFrame) -> bool:
@@ -103,6 +111,8 @@ class Materialized:
     tables: dict[int, Any]  # pyarrow Tables of the targets collected to the driver
     #: Seconds each target in Spark took to materialize (targets held already: none).
     seconds: dict[int, float] = attrs.Factory(dict)
+    #: The ``metrics`` asked for, by target.
+    aggregates: dict[int, dict[str, Any]] = attrs.Factory(dict)
 
 
 def materialize(
@@ -112,6 +122,7 @@ def materialize(
     epoch: int,
     on_driver: Collection[int] = (),
     names: Mapping[int, tuple[str, ...]] | None = None,
+    metrics: Mapping[int, Sequence[Column]] | None = None,
 ) -> Materialized:
     """Checkpoint ``targets``, test ``criteria`` for emptiness, read one-cell ``values``.
 
@@ -123,8 +134,12 @@ def materialize(
 
     ``names`` gives the step names of targets (by ``id()``), for progress sampling:
     their row counts, live while their jobs run and exact once done.
+
+    ``metrics`` gives aliased aggregate columns to compute over targets (by ``id()``),
+    riding on the job that materializes them; their values are in ``aggregates``.
     """
     names = names or {}
+    metrics = metrics or {}
     distinct = list({id(df): df for df in targets}.values())
     target_ids = {id(df) for df in distinct}
     extra_criteria = [df for df in criteria if id(df) not in target_ids]
@@ -147,6 +162,7 @@ def materialize(
             note_rows(names.get(key, ()), count)
         tables: dict[int, Any] = dict(held)
         seconds: dict[int, float] = {}
+        aggregates: dict[int, dict[str, Any]] = {}
         for df in in_spark:
             clock = time.perf_counter()
             if id(df) in on_driver and not has_user_type(df.schema):
@@ -160,13 +176,19 @@ def materialize(
                 tables[id(df)] = table
             else:
                 observation = step_observation("rows", names.get(id(df), ()), watched=False)
-                observed = observe_rows(df, observation)
+                observed = observe_rows(df, observation, *metrics.get(id(df), ()))
                 frames[id(df)] = observed.localCheckpoint(eager=True)
                 deliver_observations(observed)
-                rows[id(df)] = int(observation.get["rows"])
+                got = dict(observation.get)
+                rows[id(df)] = int(got.pop("rows"))
+                if id(df) in metrics:
+                    aggregates[id(df)] = got
                 set_checkpoint_statistics(frames[id(df)], rows[id(df)])
             seconds[id(df)] = time.perf_counter() - clock
             note_rows(names.get(id(df), ()), rows[id(df)])
+        for key in metrics.keys() & tables.keys():  # rows on the driver: a local aggregate
+            first = frames[key].agg(*metrics[key]).first()
+            aggregates[key] = first.asDict() if first is not None else {}
         empty = {id(df): (rows[id(df)] == 0 if id(df) in rows else df.isEmpty()) for df in criteria}
         read = {id(df): _one_cell(df, epoch) for df in values}
     finally:
@@ -179,6 +201,7 @@ def materialize(
         values=read,
         tables=tables,
         seconds=seconds,
+        aggregates=aggregates,
     )
 
 

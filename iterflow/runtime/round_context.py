@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pyspark.sql import DataFrame, Observation
 
 from iterflow.body import Lifecycle
 from iterflow.errors import IterflowTypeError, IterflowValueError
 from iterflow.runtime.columnar import ColumnarData, Prepare, plan_key
+from iterflow.runtime.event_steps import EpochSteps, outside_unbounded
 from iterflow.runtime.jvm import await_observations
 from iterflow.runtime.materialize import (
     observe_rows,
@@ -64,12 +67,28 @@ class CacheRegistry:
 
 
 class SparkRoundScope:
-    """Backs ``RoundContext.observe`` and ``RoundContext.cache`` for one epoch."""
+    """Backs a ``RoundContext`` for one epoch: observations, caches and (in an unbounded
+    iteration with event time) the event-time steps ``events``."""
 
-    def __init__(self, epoch: int, caches: CacheRegistry) -> None:
+    def __init__(self, epoch: int, caches: CacheRegistry, events: EpochSteps | None = None) -> None:
         self.epoch = epoch
         self._caches = caches
         self._observations: dict[str, Observation] = {}
+        self.events = events
+
+    def _events(self, kind: str) -> EpochSteps:
+        if self.events is None:
+            raise outside_unbounded(kind)
+        return self.events
+
+    def window(self, df: DataFrame, window: Any, allowed_lateness: Any, **options: Any) -> Any:
+        return self._events("window").window(df, window, allowed_lateness, **options)
+
+    def join(self, left: DataFrame, right: DataFrame, on: Any, within: Any, **options: Any) -> Any:
+        return self._events("join").join(left, right, on, within, **options)
+
+    def late(self, name: str) -> Any:
+        return self._events("late").late(name)
 
     def observe(self, name: str, df: DataFrame) -> DataFrame:
         if not isinstance(name, str) or not name:

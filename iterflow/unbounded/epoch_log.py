@@ -17,6 +17,7 @@ from pyspark.sql.types import StructType
 
 from iterflow.errors import IterflowValueError
 from iterflow.runtime.driver_variables import local_frame
+from iterflow.unbounded.event_time import stored_name
 
 if TYPE_CHECKING:
     from iterflow.unbounded.epochs import EpochLoop
@@ -34,6 +35,9 @@ class StreamPosition:
     batch_id: int  # the last micro-batch whose rows are consumed; -1 before the first
     rows: dict[str, int]  # rows of each pending variable
     inline: dict[str, tuple[str, Any]]  # small pending variables: schema JSON, pyarrow Table
+    #: The watermarks (``EventTime.snapshot``) and, under ``"inline"``, the small states of
+    #: the event-time steps; None without event time.
+    event_time: dict[str, Any] | None = None
 
 
 def commit(loop: EpochLoop) -> None:
@@ -49,11 +53,37 @@ def commit(loop: EpochLoop) -> None:
             inline[name] = (df.schema.json(), df.toArrow() if table is None else table)
         else:
             written[name] = df
+    event_time, states = _event_time(loop)
     position = StreamPosition(
-        epoch=loop.epoch, batch_id=loop.batch_id, rows=dict(rows), inline=inline
+        epoch=loop.epoch,
+        batch_id=loop.batch_id,
+        rows=dict(rows),
+        inline=inline,
+        event_time=event_time,
     )
-    loop.checkpointing.write(loop.epoch, loop.loop.driver_state(stream=position), written)
+    loop.checkpointing.write(
+        loop.epoch, loop.loop.driver_state(stream=position), written, outputs=states
+    )
     loop.committed_epoch = loop.epoch
+
+
+def _event_time(loop: EpochLoop) -> tuple[dict[str, Any] | None, dict[str, DataFrame]]:
+    """The watermarks to commit, with the small states of the event-time steps inline;
+    and the large states, to write as parquet."""
+    timing = loop.event_time
+    if timing is None:
+        return None, {}
+    snapshot = timing.snapshot()
+    small = {name for name, marks in timing.steps.items() if marks.state_rows <= INLINE_ROWS}
+    inline, written = {}, {}
+    for step, parts in timing.frames.items():
+        for part, df in parts.items():
+            if step in small:
+                inline[stored_name(step, part)] = (df.schema.json(), df.toArrow())
+            else:
+                written[stored_name(step, part)] = df
+    snapshot["inline"] = inline
+    return snapshot, written
 
 
 def restore(loop: EpochLoop) -> int | None:
@@ -83,4 +113,9 @@ def restore(loop: EpochLoop) -> int | None:
     loop.cycle.variables.tables = {name: table for name, (_, table) in position.inline.items()}
     loop.epoch = loop.committed_epoch = position.epoch
     loop.batch_id = position.batch_id
+    if loop.event_time is not None and position.event_time is not None:
+        states = dict(checkpoint.outputs)
+        for name, (schema, table) in position.event_time["inline"].items():
+            states[name] = local_frame(loop.spark, table, StructType.fromJson(json.loads(schema)))
+        loop.event_time.restore(position.event_time, states)
     return checkpoint.epoch

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from functools import partial
 
 import attrs
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 
 from iterflow.body import IterationBody
 from iterflow.errors import IterflowError
@@ -35,12 +35,19 @@ from iterflow.runtime.checkpoint import Checkpointing
 from iterflow.runtime.cycle import LoopState, RoundCycle
 from iterflow.runtime.declaration import DeclarationCheck
 from iterflow.runtime.driver_variables import DRIVER_ROWS
-from iterflow.runtime.jvm import in_session
-from iterflow.runtime.materialize import observe_rows, observed_rows, step_observation
+from iterflow.runtime.event_steps import EpochSteps
+from iterflow.runtime.jvm import await_observations, in_session
+from iterflow.runtime.materialize import (
+    observe_rows,
+    observed_metrics,
+    observed_rows,
+    step_observation,
+)
 from iterflow.runtime.round_context import CacheRegistry
 from iterflow.runtime.run_observers import RunObservers
 from iterflow.runtime.sinks import Sink
 from iterflow.unbounded import epoch_log
+from iterflow.unbounded.event_time import EventTime
 from iterflow.unbounded.inputs import Chunks, split
 
 #: Per-epoch progress kept in memory and in the epoch log.
@@ -77,6 +84,7 @@ class EpochLoop:
         observers: RunObservers,
         checkpointing: Checkpointing,
         options: EpochOptions,
+        event_time: EventTime | None = None,
     ) -> None:
         self.body = body
         self.spark = spark
@@ -102,6 +110,7 @@ class EpochLoop:
         self.outputs: dict[str, DataFrame] = {}
         self.source_backlog: Callable[[], dict[str, float]] = dict
         self.error: BaseException | None = None
+        self.event_time = event_time  # watermarks and event-time steps; None: no event time
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -176,10 +185,20 @@ class EpochLoop:
         """Epochs on work feedback alone while any is in flight, at most ``limit``; none
         once the iteration is stopping (what is left is committed and continues later)."""
         ran = 0
-        while self.in_flight > 0 and not self.stopping.is_set() and (limit is None or ran < limit):
+        while (
+            (self.in_flight > 0 or self.windows_due)
+            and not self.stopping.is_set()
+            and (limit is None or ran < limit)
+        ):
             self.run_round(None, batch_id)
             ran += 1
         return ran
+
+    @property
+    def windows_due(self) -> bool:
+        """An event-time step has a window to fire under the next epoch's watermark: one
+        more epoch (with no new input) emits it."""
+        return self.event_time is not None and self.event_time.due()
 
     def drain_idle(self) -> None:
         """The stream is idle: drain feedback left in flight, and commit."""
@@ -191,6 +210,8 @@ class EpochLoop:
     def finish(self) -> None:
         """The inputs have ended: run epoch 0 if none ran, drain every epoch left, commit."""
         with self.exclusive(), self._recording_errors():
+            if self.event_time is not None:
+                self.event_time.inputs_ended()  # every window may fire now
             if self.epoch < 0:
                 self.run_round(None, None)
             while self.drain(self.options.max_epochs_per_batch):
@@ -202,17 +223,27 @@ class EpochLoop:
     def run_round(self, new: Mapping[str, DataFrame] | None, batch_id: int | None) -> None:
         """Epoch ``self.epoch + 1`` on the rows ``new`` of each streaming input (None: none)."""
         epoch = self.epoch + 1
+        timing = self.event_time
         with self.loop.observers.round(epoch):
             observations = {name: step_observation("input", (name,)) for name in self.streams}
             inputs: dict[str, DataFrame] = {}
             for name in self.loop.check.schemas:
                 if name in self.streams:
-                    fresh = observe_rows((new or self.empty)[name], observations[name])
+                    fresh = observe_rows(
+                        (new or self.empty)[name],
+                        observations[name],
+                        *(timing.input_metrics(name) if timing is not None else ()),
+                    )
                     variable = self.pending.get(name)
                     inputs[name] = fresh if variable is None else fresh.unionByName(variable)
                 else:
                     inputs[name] = self.pending.get(name, self.inputs[name])
             feedback_in = dict(self.cycle.variables.rows)
+            events = (
+                timing.begin(epoch, partial(self.cycle.caches.cache, lifecycle="round"))
+                if timing is not None
+                else None
+            )
             # A small state variable (a model) lives on the driver between epochs.
             rnd = self.cycle.evaluate(
                 epoch,
@@ -220,8 +251,21 @@ class EpochLoop:
                 inputs,
                 partial(self.loop.check.check_unbounded, epoch, self.state_names, self.sinks),
                 self.state_names,
+                events=events,
+                extras=None if events is None else partial(self._extras, events),
             )
             results = rnd.evaluated.outputs
+            marks = None
+            if timing is not None and events is not None:
+                await_observations([*observations.values(), *events.observations])
+                marks = timing.end(
+                    epoch,
+                    events,
+                    rnd.evaluated.done,
+                    {n: observed_metrics(o) if new else None for n, o in observations.items()},
+                    rnd.evaluated.plan.declaration.feedback,
+                    self._is_work,
+                )
             self.cycle.write_sinks(rnd, self.sinks)
             progress = rnd.progress(
                 epoch_watermark=self.watermark(epoch),
@@ -229,12 +273,26 @@ class EpochLoop:
                 input_rows={n: observed_rows(o) if new else 0 for n, o in observations.items()},
                 feedback_rows_in=feedback_in,
                 backlog={"feedback_rows": self.in_flight, **self.source_backlog()},
+                **(attrs.asdict(marks, recurse=False) if marks is not None else {}),
             )
             self.cycle.record(rnd, progress, ())
             self.cycle.complete(rnd)
         self.pending = rnd.evaluated.variables
         self.outputs = results
         self.epoch = epoch
+
+    def _is_work(self, name: str) -> bool:
+        return name not in self.state_names
+
+    def _extras(
+        self, events: EpochSteps, feedback: Mapping[str, DataFrame]
+    ) -> tuple[list[DataFrame], dict[int, list[Column]]]:
+        """The event-time steps' new state, and the earliest event time of the work
+        feedback, to materialize and aggregate with the epoch."""
+        assert self.event_time is not None
+        targets, metrics = events.targets()
+        metrics.update(self.event_time.feedback_metrics(feedback, self._is_work))
+        return targets, metrics
 
     def watermark(self, epoch: int) -> int:
         """The epoch watermark after ``epoch``: every record that entered the loop at an

@@ -8,18 +8,21 @@ from functools import partial
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import TimestampType
 
 from iterflow.body import IterationBody
 from iterflow.builder import Binding, IterationBuilder, at_least_one, check_progress_option
-from iterflow.errors import IterflowError, IterflowValueError
+from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
 from iterflow.runtime.checkpoint import CheckpointOptions
 from iterflow.runtime.driver_variables import driver_rows
 from iterflow.runtime.files import files_for
 from iterflow.runtime.jvm import is_classic
 from iterflow.runtime.schema import describe_inputs
 from iterflow.unbounded.epochs import EpochLoop, EpochOptions
+from iterflow.unbounded.event_time import EventTime
 from iterflow.unbounded.inputs import combined
 from iterflow.unbounded.query import UnboundedQuery
+from iterflow.windows import duration_us
 
 #: Under ``checkpoint_location``: Spark's own streaming checkpoint, and iterflow's epoch log.
 STREAM_DIR = "stream"
@@ -47,8 +50,17 @@ class UnboundedIteration(IterationBuilder):
 
     def __init__(self, iteration_body: IterationBody | Callable[..., Any]) -> None:
         super().__init__(iteration_body)
+        self._event_times: dict[str, tuple[str, int]] = {}  # name -> (column, max delay)
 
-    def bind(self, name: str, data: Any, *, state: bool = False) -> UnboundedIteration:
+    def bind(
+        self,
+        name: str,
+        data: Any,
+        *,
+        state: bool = False,
+        event_time: str | None = None,
+        max_delay: Any = None,
+    ) -> UnboundedIteration:
         """Bind input ``name`` to a streaming DataFrame, or to a batch one.
 
         A streaming input's rows arrive micro-batch by micro-batch. A variable
@@ -56,8 +68,19 @@ class UnboundedIteration(IterationBuilder):
         bound to one is cached once and available every epoch. ``state=True``
         makes the variable a state variable: its feedback replaces its value each
         epoch and is never work in flight.
+
+        ``event_time="ts"`` names the input's event-time column (a timestamp) and
+        ``max_delay`` (a duration such as ``"10 minutes"``, default 0) how late its
+        rows may arrive: a streaming input's watermark is the latest event time seen
+        less ``max_delay``. A work variable's fed-back rows keep their event time and
+        hold the loop's watermark behind the oldest one in flight. See
+        ``ctx.window`` and ``ctx.join``.
         """
+        timing = _event_time(name, data, state, event_time, max_delay)
         self._bind(Binding(name, data, state=bool(state)))
+        self._event_times.pop(name, None)
+        if timing is not None:
+            self._event_times[name] = timing
         return self
 
     def start(
@@ -129,6 +152,14 @@ class UnboundedIteration(IterationBuilder):
             event_log_progress_s=event_log_progress_s,
         )
         assert checkpointing is not None  # checkpoints were given
+        event_time = (
+            EventTime(
+                sources={n: t for n, t in self._event_times.items() if n in streams},
+                columns={n: column for n, (column, _) in self._event_times.items()},
+            )
+            if self._event_times
+            else None
+        )
         loop = EpochLoop(
             body=self._body,
             spark=active,
@@ -140,6 +171,7 @@ class UnboundedIteration(IterationBuilder):
             observers=observers,
             checkpointing=checkpointing,
             options=options,
+            event_time=event_time,
         )
         return _started(
             loop,
@@ -164,6 +196,45 @@ class UnboundedIteration(IterationBuilder):
                 "one spark.readStream... input, or run a BoundedIteration over batch inputs"
             )
         return streams
+
+
+def _event_time(
+    name: str, data: Any, state: bool, column: Any, max_delay: Any
+) -> tuple[str, int] | None:
+    """``bind(event_time=, max_delay=)`` checked: the column and the delay in microseconds."""
+    if column is None:
+        if max_delay is not None:
+            raise IterflowValueError(
+                f"bind('{name}', ..., max_delay={max_delay!r}) without event_time=: name the "
+                "event-time column the delay applies to"
+            )
+        return None
+    if not isinstance(column, str) or not column:
+        raise IterflowTypeError(
+            f"bind('{name}', ..., event_time={column!r}): give the event-time column's name"
+        )
+    if state:
+        raise IterflowValueError(
+            f"bind('{name}', ..., state=True, event_time='{column}'): a state variable is no "
+            "stream of events (its value is replaced every epoch); bind event time on the "
+            "streaming inputs and work variables"
+        )
+    if isinstance(data, DataFrame):
+        if column not in data.columns:
+            raise IterflowValueError(
+                f"bind('{name}', ..., event_time='{column}'): no such column in {data.columns}"
+            )
+        kind = data.schema[column].dataType
+        if not isinstance(kind, TimestampType):
+            raise IterflowTypeError(
+                f"bind('{name}', ..., event_time='{column}'): the column is "
+                f"{kind.simpleString()}, not a timestamp; convert it, e.g. "
+                f"F.timestamp_seconds('{column}') or F.col('{column}').cast('timestamp')"
+            )
+    delay = (
+        0 if max_delay is None else duration_us(max_delay, f"bind('{name}', max_delay=)", zero=True)
+    )
+    return column, delay
 
 
 def _started(

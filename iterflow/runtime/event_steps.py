@@ -1,0 +1,645 @@
+"""The event-time steps of one epoch: ``ctx.window`` and ``ctx.join`` on Spark.
+
+A step keeps state from epoch to epoch (the rows of its open windows, the rows
+of each join side that may still match) and has its own input watermark, given
+by the loop (``iterflow.unbounded.event_time``) when the epoch starts: the
+minimum of the loop's input watermark and the output watermarks of the steps its
+rows come from (found in the DataFrame's plan). In the epoch, the step
+
+- drops the new rows that are too late (a window step: every window the row is
+  assigned to has ended ``allowed_lateness`` before the watermark; a join step: the
+  row is older than the watermark) into its late rows (``ctx.late(name)``);
+- emits what the watermark lets it: the rows of each window whose end it passed
+  (first firing) and of each such window that got new rows since (a late firing,
+  an update), or every pair of rows of the two join sides, one of them new, within
+  ``within`` of each other;
+- keeps what a later epoch may still need, as its new state, materialized with the
+  epoch's feedback; riding on that job, the earliest event time it still holds
+  (the step's watermark hold) and the end of its next window to fire.
+
+Event times are handled in microseconds since the Unix epoch (``unix_micros``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+from pyspark.sql import Column, DataFrame, Observation, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    LongType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
+from iterflow.runtime.jvm import await_observations, logical_plan_text, release_local_checkpoint
+from iterflow.runtime.materialize import Materialized, observe_rows, observed_metrics
+from iterflow.runtime.materialize import unique_observation as _observation
+from iterflow.windows import (
+    MIN_US,
+    FixedWindows,
+    SessionWindows,
+    SlidingWindows,
+    WindowFn,
+    duration_us,
+)
+
+# Columns iterflow adds to a step's rows while it works on them.
+TS = "_iterflow_ts"  # event time, microseconds
+WS = "_iterflow_window_start"
+WE = "_iterflow_window_end"
+PANE = "_iterflow_pane"  # firings of the row's window so far
+DIRTY = "_iterflow_dirty"  # the row's window holds rows it has not emitted yet
+NEW = "_iterflow_new"  # the row arrived in this epoch
+LATE = "_iterflow_late"
+FIRES = "_iterflow_fires"
+SIDE = "_iterflow_side"
+
+#: Columns a window step adds to its output (an input column of the same name is replaced:
+#: its rows are windowed anew).
+WINDOW, PANE_OUT = "window", "pane"
+#: The event time of rows with no event-time column but a ``window`` (a window step's
+#: aggregated output): the end of their window, less a microsecond (inside it).
+WINDOW_END = "window.end"
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_markers = itertools.count()
+
+
+@attrs.frozen(kw_only=True)
+class PreviousStep:
+    """What a step left after the previous epoch: its state and watermarks."""
+
+    kind: str
+    spec: str
+    frames: Mapping[str, DataFrame]  # part -> state rows
+    input_watermark: int
+    output_watermark: int
+
+
+@attrs.frozen(kw_only=True)
+class StepOutcome:
+    """What a step did in an epoch, once the epoch's jobs ran."""
+
+    kind: str
+    spec: str
+    upstream: tuple[str, ...]
+    input_watermark: int
+    frames: dict[str, DataFrame]  # part -> its new state (materialized)
+    state_rows: int
+    late_rows: int
+    hold: int | None  # the earliest event time the state holds for a later first firing
+    due: int | None  # the end of the next window to fire
+
+
+@attrs.define(kw_only=True)
+class _Step:
+    name: str
+    kind: str
+    spec: str
+    upstream: tuple[str, ...]
+    input_watermark: int
+    marker: str
+    states: dict[str, DataFrame]  # part -> new state, to materialize
+    state_metrics: dict[str, list[Column]]
+    late: DataFrame
+    late_observations: list[Observation]
+
+
+class EpochSteps:
+    """The ``ctx.window``/``ctx.join`` steps of epoch ``epoch`` (see the module's docstring).
+
+    ``event_columns`` maps each input bound with ``event_time=`` to its column;
+    ``loop_watermark`` is the loop's input watermark for this epoch; ``previous`` what
+    each step left after the previous epoch; ``reserved`` names no step may take.
+    """
+
+    def __init__(
+        self,
+        epoch: int,
+        *,
+        event_columns: Mapping[str, str],
+        loop_watermark: int,
+        previous: Mapping[str, PreviousStep],
+        reserved: Sequence[str],
+        cache: Any,
+    ) -> None:
+        self.epoch = epoch
+        self.event_columns = dict(event_columns)
+        self.loop_watermark = loop_watermark
+        self.previous = dict(previous)
+        self.reserved = set(reserved)
+        self._cache = cache  # (df) -> df persisted until the end of the epoch
+        self._checkpoints: list[DataFrame] = []
+        self.steps: dict[str, _Step] = {}
+
+    # -- building ----------------------------------------------------------------------
+
+    def window(
+        self,
+        df: DataFrame,
+        window: WindowFn,
+        allowed_lateness: Any,
+        *,
+        by: str | Sequence[str] | None,
+        event_time: str | None,
+        name: str | None,
+    ) -> DataFrame:
+        step = self._name(name, "window")
+        where = f"epoch {self.epoch}: ctx.window('{step}')"
+        if not isinstance(df, DataFrame):
+            raise IterflowTypeError(f"{where} takes a DataFrame, got {type(df).__name__}")
+        if not isinstance(window, WindowFn):
+            raise IterflowTypeError(
+                f"{where}: window must be itf.FixedWindows, itf.SlidingWindows, "
+                f"itf.SessionWindows or an itf.WindowFn subclass, got {type(window).__name__}"
+            )
+        lateness = (
+            0
+            if allowed_lateness is None
+            else duration_us(allowed_lateness, f"{where}: allowed_lateness", zero=True)
+        )
+        keys = _columns(by, f"{where}: by")
+        event = self._event_time(df, event_time, where)
+        columns = [c for c in df.columns if c not in (WINDOW, PANE_OUT)]
+        missing = [k for k in keys if k not in columns]
+        if missing:
+            raise IterflowValueError(f"{where}: by column '{missing[0]}' is not in {columns}")
+        spec = f"window {window!r} lateness={lateness} by={keys} event_time={event}"
+        watermark, upstream = self._input_watermark(step, "window", spec, df, where)
+        # The new rows with their event time, assigned to windows; late ones flagged.
+        timed = df.select(*map(_quoted, columns), _event_us(event).alias(TS))
+        assigned = _assigned(timed.where(F.col(TS).isNotNull()), window, columns).unionByName(
+            timed.where(F.col(TS).isNull())
+            .withColumn(WS, F.lit(None).cast("long"))
+            .withColumn(WE, F.lit(None).cast("long"))
+        )
+        late_flag = F.col(WS).isNull()
+        if watermark > MIN_US:
+            late_flag = late_flag | (F.col(WE) + F.lit(lateness) <= F.lit(watermark))
+        counted = _observation("late")
+        classified = self._checkpoint(assigned.withColumn(LATE, late_flag), counted)
+        fresh = (
+            classified.where(~F.col(LATE))
+            .drop(LATE)
+            .withColumn(PANE, F.lit(0))
+            .withColumn(DIRTY, F.lit(True))
+        )
+        state = self._state(step, "state", fresh, where)
+        rows = fresh if state is None else state.unionByName(fresh)
+        if window.merging:
+            rows = _merged(rows, keys)
+        # A window fires once the watermark passed its end if it holds rows it has not
+        # emitted: all of them the first time, and late ones (or a session grown by new
+        # rows) later.
+        by_window = Window.partitionBy(*map(_quoted, keys), WS, WE)
+        pane = F.max(PANE).over(by_window)
+        dirty = F.max(F.col(DIRTY).cast("int")).over(by_window) == 1
+        fires = (F.col(WE) <= F.lit(watermark)) & dirty if watermark > MIN_US else F.lit(False)
+        flagged = self._cache(
+            rows.select(
+                *map(_quoted, columns),
+                TS,
+                WS,
+                WE,
+                pane.alias(PANE),
+                dirty.alias(DIRTY),
+                fires.alias(FIRES),
+            )
+        )
+        marker = self._marker()
+        output = (
+            flagged.where(F.col(FIRES))
+            .select(
+                *map(_quoted, columns), _window_struct().alias(WINDOW), F.col(PANE).alias(PANE_OUT)
+            )
+            .alias(marker)
+        )
+        keep = F.col(WE) + F.lit(lateness) > F.lit(watermark)
+        new_state = flagged.where(keep).select(
+            *map(_quoted, columns),
+            TS,
+            WS,
+            WE,
+            (F.col(PANE) + F.col(FIRES).cast("int")).alias(PANE),
+            (F.col(DIRTY) & ~F.col(FIRES)).alias(DIRTY),
+        )
+        unfired = F.col(PANE) == 0
+        self.steps[step] = _Step(
+            name=step,
+            kind="window",
+            spec=spec,
+            upstream=upstream,
+            input_watermark=watermark,
+            marker=marker,
+            states={"state": new_state},
+            state_metrics={
+                "state": [
+                    F.min(F.when(unfired, F.col(TS))).alias("hold"),
+                    F.min(F.when(F.col(DIRTY), F.col(WE))).alias("due"),
+                ]
+            },
+            late=classified.where(F.col(LATE)).select(
+                *map(_quoted, columns), _window_struct().alias(WINDOW)
+            ),
+            late_observations=[counted],
+        )
+        return output
+
+    def join(
+        self,
+        left: DataFrame,
+        right: DataFrame,
+        on: str | Sequence[str],
+        within: Any,
+        *,
+        event_time: str | tuple[str, str] | None,
+        name: str | None,
+    ) -> DataFrame:
+        step = self._name(name, "join")
+        where = f"epoch {self.epoch}: ctx.join('{step}')"
+        for side, df in (("left", left), ("right", right)):
+            if not isinstance(df, DataFrame):
+                raise IterflowTypeError(
+                    f"{where}: {side} must be a DataFrame, got {type(df).__name__}"
+                )
+        if within is None:
+            raise IterflowValueError(
+                f"{where}: within= is required: how far apart in event time two rows may be "
+                "to join (e.g. within='10 minutes'); it bounds the state the join keeps"
+            )
+        span = duration_us(within, f"{where}: within", zero=True)
+        keys = _columns(on, f"{where}: on")
+        if not keys:
+            raise IterflowValueError(f"{where}: on= names no column; join on at least one key")
+        left_time, right_time = (
+            (event_time, event_time)
+            if event_time is None or isinstance(event_time, str)
+            else tuple(event_time)
+        )
+        left_event = self._event_time(left, left_time, f"{where} (left)")
+        right_event = self._event_time(right, right_time, f"{where} (right)")
+        for side, df in (("left", left), ("right", right)):
+            missing = [k for k in keys if k not in df.columns]
+            if missing:
+                raise IterflowValueError(
+                    f"{where}: key '{missing[0]}' is not a column of the {side} side {df.columns}"
+                )
+        shared_time = left_event == right_event and left_event != WINDOW_END
+        left_cols = [c for c in left.columns if c not in keys]
+        right_cols = [c for c in right.columns if c not in keys]
+        clashes = sorted(
+            (set(left_cols) & set(right_cols)) - ({left_event} if shared_time else set())
+        )
+        if clashes:
+            raise IterflowValueError(
+                f"{where}: both sides have a column '{clashes[0]}'; rename it on one side "
+                "(only the key columns, and an event-time column of the same name, may be shared)"
+            )
+        spec = f"join on={keys} within={span} event_time=({left_event}, {right_event})"
+        watermark, upstream = self._input_watermark(step, "join", spec, left, where, right)
+        sides = {}
+        counted = []
+        late_rows = []
+        for part, df, event in (("left", left, left_event), ("right", right, right_event)):
+            timed = df.select(*map(_quoted, df.columns), _event_us(event).alias(TS))
+            late_flag = F.col(TS).isNull()
+            if watermark > MIN_US:
+                late_flag = late_flag | (F.col(TS) < F.lit(watermark))
+            observation = _observation("late")
+            counted.append(observation)
+            classified = self._checkpoint(timed.withColumn(LATE, late_flag), observation)
+            late_rows.append(
+                classified.where(F.col(LATE)).drop(LATE, TS).withColumn(SIDE, F.lit(part))
+            )
+            fresh = classified.where(~F.col(LATE)).drop(LATE)
+            state = self._state(step, part, fresh, where)
+            rows = fresh.withColumn(NEW, F.lit(True))
+            sides[part] = (
+                rows if state is None else state.withColumn(NEW, F.lit(False)).unionByName(rows)
+            )
+        left_rows = sides["left"]
+        renamed = {c: f"_iterflow_right_{i}" for i, c in enumerate([*right.columns, TS, NEW])}
+        right_rows = sides["right"].select(*[F.col(_q(c)).alias(n) for c, n in renamed.items()])
+        condition = F.lit(True)
+        for key in keys:
+            condition = condition & (F.col(_q(key)) == F.col(renamed[key]))
+        condition = (
+            condition
+            & (F.abs(F.col(TS) - F.col(renamed[TS])) <= F.lit(span))
+            & (F.col(NEW) | F.col(renamed[NEW]))
+        )
+        joined = left_rows.join(right_rows, condition, "inner")
+        selected = [F.col(_q(k)) for k in keys]
+        for column in left_cols:
+            if shared_time and column == left_event:
+                selected.append(F.greatest(_q(column), renamed[column]).alias(column))
+            else:
+                selected.append(F.col(_q(column)))
+        selected += [
+            F.col(renamed[c]).alias(c) for c in right_cols if not (shared_time and c == right_event)
+        ]
+        marker = self._marker()
+        output = joined.select(*selected).alias(marker)
+        states = {}
+        for part, rows in sides.items():
+            kept = (
+                rows
+                if watermark <= MIN_US
+                else rows.where(F.col(TS) + F.lit(span) >= F.lit(watermark))
+            )
+            states[part] = kept.drop(NEW)
+        late = late_rows[0].unionByName(late_rows[1], allowMissingColumns=True)
+        self.steps[step] = _Step(
+            name=step,
+            kind="join",
+            spec=spec,
+            upstream=upstream,
+            input_watermark=watermark,
+            marker=marker,
+            states=states,
+            state_metrics={part: [F.min(TS).alias("hold")] for part in states},
+            late=late.select(SIDE, *[c for c in late.columns if c != SIDE]).withColumnRenamed(
+                SIDE, "side"
+            ),
+            late_observations=counted,
+        )
+        return output
+
+    def late(self, name: str) -> DataFrame:
+        """The rows step ``name`` dropped as too late in this epoch."""
+        step = self.steps.get(name)
+        if step is None:
+            known = sorted(self.steps) or "none yet"
+            raise IterflowValueError(
+                f"epoch {self.epoch}: ctx.late('{name}'): no step of that name ran in this "
+                f"epoch before it (steps so far: {known}); call ctx.late after the "
+                "ctx.window/ctx.join it names"
+            )
+        return step.late
+
+    # -- the epoch's end ------------------------------------------------------------------
+
+    @property
+    def observations(self) -> list[Observation]:
+        """The observations counting the steps' late rows (to await before ``outcomes``)."""
+        return [o for step in self.steps.values() for o in step.late_observations]
+
+    def targets(self) -> tuple[list[DataFrame], dict[int, list[Column]]]:
+        """The steps' new states to materialize with the epoch, and what to aggregate over
+        each one (on the same job)."""
+        frames, metrics = [], {}
+        for step in self.steps.values():
+            for part, df in step.states.items():
+                frames.append(df)
+                metrics[id(df)] = step.state_metrics[part]
+        return frames, metrics
+
+    def outcomes(self, done: Materialized) -> dict[str, StepOutcome]:
+        """What each step did, from the epoch's materialization ``done``."""
+        outcomes = {}
+        for name, step in self.steps.items():
+            frames = {part: done.frames[id(df)] for part, df in step.states.items()}
+            aggregates = [done.aggregates.get(id(df), {}) for df in step.states.values()]
+            holds = [a["hold"] for a in aggregates if a.get("hold") is not None]
+            dues = [a["due"] for a in aggregates if a.get("due") is not None]
+            late = 0
+            for observation in step.late_observations:
+                metrics = observed_metrics(observation) or {}
+                late += int(metrics.get("late") or 0)
+            outcomes[name] = StepOutcome(
+                kind=step.kind,
+                spec=step.spec,
+                upstream=step.upstream,
+                input_watermark=step.input_watermark,
+                frames=frames,
+                state_rows=sum(done.rows[id(df)] for df in step.states.values()),
+                late_rows=late,
+                hold=min(holds) if holds else None,
+                due=min(dues) if dues else None,
+            )
+        return outcomes
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _name(self, name: str | None, kind: str) -> str:
+        if name is None:
+            name = f"{kind}_{sum(1 for s in self.steps.values() if s.kind == kind)}"
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise IterflowValueError(
+                f"epoch {self.epoch}: ctx.{kind}(name={name!r}): a step name must be an "
+                "identifier (letters, digits, _)"
+            )
+        if name in self.reserved:
+            raise IterflowValueError(
+                f"epoch {self.epoch}: ctx.{kind}(name='{name}'): the name is taken by an "
+                "event-time input or the loop's watermark ('loop'); choose another"
+            )
+        if name in self.steps:
+            raise IterflowValueError(
+                f"epoch {self.epoch}: step '{name}' was called twice in one epoch; give "
+                "each ctx.window/ctx.join its own name="
+            )
+        return name
+
+    def _event_time(self, df: DataFrame, column: str | None, where: str) -> str:
+        """The event-time column of ``df`` (``WINDOW_END`` for a window step's output)."""
+        if column is None:
+            declared = sorted({c for c in self.event_columns.values() if c in df.columns})
+            if len(declared) > 1:
+                raise IterflowValueError(
+                    f"{where}: the rows have several event-time columns {declared}; "
+                    "say which with event_time="
+                )
+            if declared:
+                column = declared[0]
+            elif _is_window(df):
+                return WINDOW_END
+            else:
+                known = sorted(set(self.event_columns.values())) or "(none)"
+                raise IterflowValueError(
+                    f"{where}: the rows have no event-time column: none of the columns "
+                    f"declared with bind(..., event_time=) {known} is among {df.columns}; "
+                    "pass event_time='<column>'"
+                )
+        if column not in df.columns:
+            raise IterflowValueError(
+                f"{where}: event_time '{column}' is not a column of {df.columns}"
+            )
+        kind = df.schema[column].dataType
+        if isinstance(kind, TimestampNTZType):
+            raise IterflowTypeError(
+                f"{where}: event_time '{column}' is a TIMESTAMP_NTZ, which is no instant; "
+                f"cast it: F.col('{column}').cast('timestamp') (in the session's time zone)"
+            )
+        if not isinstance(kind, TimestampType):
+            raise IterflowTypeError(
+                f"{where}: event_time '{column}' is {kind.simpleString()}, not a timestamp; "
+                f"make it one, e.g. F.timestamp_seconds('{column}') for seconds since the epoch"
+            )
+        return column
+
+    def _input_watermark(
+        self, step: str, kind: str, spec: str, df: DataFrame, where: str, *more: DataFrame
+    ) -> tuple[int, tuple[str, ...]]:
+        """The step's input watermark in this epoch, and the earlier steps it reads from."""
+        previous = self.previous.get(step)
+        if previous is not None and (previous.kind, previous.spec) != (kind, spec):
+            raise IterflowValueError(
+                f"{where}: the step changed since the epoch before ({previous.spec!r}, now "
+                f"{spec!r}); its state holds rows of the old one. Keep a step's settings, "
+                "or give the new one another name"
+            )
+        texts = [logical_plan_text(frame) or "" for frame in (df, *more)]
+        upstream = tuple(
+            name
+            for name, s in self.steps.items()
+            if any(re.search(rf"\b{s.marker}\b", text) for text in texts)
+        )
+        watermark = self.loop_watermark
+        for name in upstream:
+            before = self.previous.get(name)
+            watermark = min(watermark, before.output_watermark if before else MIN_US)
+        if previous is not None:
+            watermark = max(watermark, previous.input_watermark)  # never goes back
+        return watermark, upstream
+
+    def _state(self, step: str, part: str, fresh: DataFrame, where: str) -> DataFrame | None:
+        previous = self.previous.get(step)
+        if previous is None or part not in previous.frames:
+            return None
+        state = previous.frames[part]
+        if _shape(state.schema) != _shape(fresh.schema):
+            raise IterflowValueError(
+                f"{where}: the rows' columns changed since the epoch before: now "
+                f"{fresh.schema.simpleString()}, its state holds "
+                f"{state.schema.simpleString()}. Keep a step's columns, or give the new "
+                "one another name"
+            )
+        return state.select(*map(_quoted, fresh.columns))
+
+    def _checkpoint(self, classified: DataFrame, observation: Observation) -> DataFrame:
+        """``classified`` (the new rows, each flagged late or not) evaluated now, once, with
+        its late rows counted: what the step's later plans read. Its own job also runs
+        the observations in the rows' plan (a cache would hide them from Spark's
+        accounting of observed metrics), such as the input rows' count."""
+        observed = observe_rows(
+            classified, observation, F.sum(F.col(LATE).cast("long")).alias("late")
+        )
+        checkpoint = observed.localCheckpoint(eager=True)
+        await_observations([observation])
+        self._checkpoints.append(checkpoint)
+        return checkpoint
+
+    def release(self) -> None:
+        """Release the steps' evaluated new rows (once the epoch has been materialized)."""
+        for checkpoint in self._checkpoints:
+            release_local_checkpoint(checkpoint)
+        self._checkpoints = []
+
+    def _marker(self) -> str:
+        return f"iterflow_step_{next(_markers)}"
+
+
+def _columns(value: str | Sequence[str] | None, what: str) -> list[str]:
+    if value is None:
+        return []
+    columns = [value] if isinstance(value, str) else list(value)
+    if not all(isinstance(c, str) for c in columns):
+        raise IterflowTypeError(f"{what} takes column names (str or a list of str), got {value!r}")
+    return columns
+
+
+def _shape(schema: StructType) -> list[tuple[str, str]]:
+    return sorted((f.name, f.dataType.simpleString()) for f in schema.fields)
+
+
+def _q(column: str) -> str:
+    return "`" + column.replace("`", "``") + "`"
+
+
+def _quoted(column: str) -> Column:
+    return F.col(_q(column))
+
+
+def _is_window(df: DataFrame) -> bool:
+    if WINDOW not in df.columns:
+        return False
+    kind = df.schema[WINDOW].dataType
+    return isinstance(kind, StructType) and {"start", "end"} <= set(kind.fieldNames())
+
+
+def _event_us(column: str) -> Column:
+    if column == WINDOW_END:
+        return F.unix_micros(F.col(WINDOW).getField("end")) - F.lit(1)
+    return F.unix_micros(_quoted(column))
+
+
+def _window_struct() -> Column:
+    return F.struct(
+        F.timestamp_micros(F.col(WS)).alias("start"), F.timestamp_micros(F.col(WE)).alias("end")
+    )
+
+
+_BOUNDS = ArrayType(StructType([StructField("start", LongType()), StructField("end", LongType())]))
+
+
+def _assigned(timed: DataFrame, window: WindowFn, columns: list[str]) -> DataFrame:
+    """``timed`` (the rows and their event time ``TS``) with one row per window each is in."""
+    ts = F.col(TS)
+    if isinstance(window, FixedWindows):
+        start = ts - F.pmod(ts - F.lit(window.offset_us), F.lit(window.size_us))
+        return timed.withColumn(WS, start).withColumn(WE, F.col(WS) + F.lit(window.size_us))
+    if isinstance(window, SlidingWindows):
+        last = ts - F.pmod(ts - F.lit(window.offset_us), F.lit(window.every_us))
+        first = last - F.lit((window.windows_per_row - 1) * window.every_us)
+        starts = F.explode(F.sequence(first, last, F.lit(window.every_us)))
+        return (
+            timed.withColumn(WS, starts)
+            .where(F.col(WS) + F.lit(window.size_us) > ts)
+            .withColumn(WE, F.col(WS) + F.lit(window.size_us))
+        )
+    if isinstance(window, SessionWindows):
+        return timed.withColumn(WS, ts).withColumn(WE, ts + F.lit(window.gap_us))
+    assign = F.udf(window.assigned_us, _BOUNDS)
+    bounds = "_iterflow_bounds"
+    return (
+        timed.withColumn(bounds, F.explode(assign(ts, F.struct(*map(_quoted, columns)))))
+        .withColumn(WS, F.col(bounds).getField("start"))
+        .withColumn(WE, F.col(bounds).getField("end"))
+        .drop(bounds)
+    )
+
+
+def _merged(rows: DataFrame, keys: list[str]) -> DataFrame:
+    """Session windows: the windows of each key that overlap, merged into one (their
+    earliest start to their latest end); touching windows stay apart."""
+    order = Window.partitionBy(*map(_quoted, keys)).orderBy(WS, WE)
+    before = F.max(WE).over(order.rowsBetween(Window.unboundedPreceding, -1))
+    opens = F.when(before.isNull() | (F.col(WS) >= before), 1).otherwise(0)
+    session = "_iterflow_session"
+    numbered = rows.withColumn(
+        session, F.sum(opens).over(order.rowsBetween(Window.unboundedPreceding, Window.currentRow))
+    )
+    merged = Window.partitionBy(*map(_quoted, keys), session)
+    return (
+        numbered.withColumn(WS, F.min(WS).over(merged))
+        .withColumn(WE, F.max(WE).over(merged))
+        .drop(session)
+    )
+
+
+def outside_unbounded(kind: str) -> IterflowError:
+    """The error of an event-time step in a run that has no event time."""
+    return IterflowError(
+        f"ctx.{kind}() is an event-time step of an UnboundedIteration: bind a streaming "
+        "input with event_time='<column>' (and max_delay=) and start() it"
+    )

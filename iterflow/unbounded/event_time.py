@@ -1,0 +1,272 @@
+"""Event time through an unbounded iteration: watermarks per input, per step and of the loop.
+
+An input bound with ``event_time="ts", max_delay=d`` has a watermark: the latest
+event time seen in it, less ``d`` (-inf before its first row, +inf once the
+inputs have ended). The loop's **input watermark** for an epoch is the least of
+those and of the earliest event time among the work feedback entering the epoch
+(fed-back rows keep their event time, so the loop must stay behind the oldest one
+in flight); it never goes back.
+
+Each ``ctx.window``/``ctx.join`` step (``iterflow.runtime.event_steps``) has an
+input watermark for the epoch: the least of the loop's and the output watermarks
+of the steps its rows come from, as they stood after the previous epoch. Like a
+Structured Streaming micro-batch, an epoch works with the watermarks computed at
+the end of the one before. After the epoch, in the order the steps ran:
+
+    next input watermark of S = max(its input watermark,
+                                    min(loop input watermark after the epoch,
+                                        output watermarks of S's upstream steps))
+    output watermark of S     = max(the previous one, min(next input watermark of S,
+                                                          S's hold))
+
+where a window step holds at the earliest event time in its windows not fired yet
+(their rows are still to come out) and a join step at the earliest event time it
+stores. The loop's watermark (``watermarks["loop"]``) is the least of the loop's
+input watermark and every step's output watermark. Rows a step emits at or after
+its input watermark are never late downstream.
+
+A window fires in the first epoch whose watermark has passed its end; when an
+epoch leaves a step with a window due under its next watermark, the loop runs
+another epoch without new input (as Structured Streaming runs a no-data
+micro-batch), so chained steps fire within the micro-batch that made them due.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+import attrs
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from iterflow.errors import IterflowValueError
+from iterflow.runtime.event_steps import EpochSteps, PreviousStep, StepOutcome
+from iterflow.runtime.materialize import Materialized
+from iterflow.windows import MAX_US, MIN_US, to_datetime
+
+#: Metric names riding on the epoch's jobs.
+MAX_EVENT, MIN_EVENT = "max_event_us", "min_event_us"
+
+
+@attrs.define(kw_only=True)
+class StepMarks:
+    """A step's watermarks and state after an epoch (committed with the epoch)."""
+
+    kind: str
+    spec: str
+    upstream: tuple[str, ...]
+    input_watermark: int  # in the epoch just run
+    output_watermark: int
+    due: int | None  # the end of its next window to fire
+    state_rows: int
+    parts: tuple[str, ...]
+
+
+@attrs.frozen(kw_only=True)
+class EpochMarks:
+    """What an epoch's ``RoundProgress`` reports of event time."""
+
+    watermarks: dict[str, datetime]
+    late_rows: dict[str, int]
+    state_rows: dict[str, int]
+
+
+class EventTime:
+    """The event time of one unbounded iteration: its inputs' watermarks, its steps' state.
+
+    ``sources`` maps each streaming input bound with ``event_time=`` to its column and
+    maximum delay (microseconds); ``columns`` maps every input bound with
+    ``event_time=`` (streaming or a variable whose feedback keeps its event time) to
+    its column.
+    """
+
+    def __init__(self, sources: Mapping[str, tuple[str, int]], columns: Mapping[str, str]) -> None:
+        self.sources = dict(sources)
+        self.columns = dict(columns)
+        self.max_seen: dict[str, int] = {}
+        self.ended = False
+        self.feedback_min: dict[str, int] = {}
+        self.loop_input = MIN_US
+        self.loop = MIN_US
+        self.steps: dict[str, StepMarks] = {}
+        self.frames: dict[str, dict[str, DataFrame]] = {}
+
+    # -- watermarks ----------------------------------------------------------------------
+
+    def source_watermark(self, name: str) -> int:
+        if self.ended:
+            return MAX_US
+        seen = self.max_seen.get(name)
+        return MIN_US if seen is None else max(MIN_US, seen - self.sources[name][1])
+
+    def _input_now(self) -> int:
+        """The loop's input watermark from what is known now (before monotonicity)."""
+        marks = [self.source_watermark(name) for name in self.sources]
+        if not marks:  # no input has event time: nothing advances it but the end
+            marks = [MAX_US if self.ended else MIN_US]
+        return min([*marks, *self.feedback_min.values()])
+
+    def _next_input(self, marks: StepMarks, loop_input: int) -> int:
+        upstream = [self.steps[u].output_watermark for u in marks.upstream if u in self.steps]
+        return max(marks.input_watermark, min([loop_input, *upstream]))
+
+    def inputs_ended(self) -> None:
+        """Every streaming input has ended: their watermarks jump to +inf."""
+        self.ended = True
+
+    def due(self) -> bool:
+        """A step has a window to fire under the watermark its next epoch would have."""
+        loop_input = max(self.loop_input, self._input_now())
+        for marks in self.steps.values():
+            if marks.due is not None and marks.due <= self._next_input(marks, loop_input):
+                return True
+        return False
+
+    # -- an epoch ------------------------------------------------------------------------
+
+    def begin(self, epoch: int, cache: Callable[[DataFrame], DataFrame]) -> EpochSteps:
+        """The event-time steps of epoch ``epoch``, with this epoch's watermarks."""
+        self.loop_input = max(self.loop_input, self._input_now())
+        previous = {
+            name: PreviousStep(
+                kind=marks.kind,
+                spec=marks.spec,
+                frames=self.frames.get(name, {}),
+                input_watermark=marks.input_watermark,
+                output_watermark=marks.output_watermark,
+            )
+            for name, marks in self.steps.items()
+        }
+        return EpochSteps(
+            epoch,
+            event_columns=self.columns,
+            loop_watermark=self.loop_input,
+            previous=previous,
+            reserved=[*self.columns, "loop"],
+            cache=cache,
+        )
+
+    def input_metrics(self, name: str) -> list[Column]:
+        """What to aggregate over the new rows of input ``name`` (its latest event time)."""
+        if name not in self.sources:
+            return []
+        column = self.columns[name]
+        return [F.max(F.unix_micros(F.col(_q(column)))).alias(MAX_EVENT)]
+
+    def feedback_metrics(
+        self, feedback: Mapping[str, DataFrame], work: Callable[[str], bool]
+    ) -> dict[int, list[Column]]:
+        """What to aggregate over the work feedback whose rows keep their event time."""
+        return {
+            id(df): [F.min(F.unix_micros(F.col(_q(self.columns[name])))).alias(MIN_EVENT)]
+            for name, df in feedback.items()
+            if name in self.columns and work(name) and self.columns[name] in df.columns
+        }
+
+    def end(
+        self,
+        epoch: int,
+        steps: EpochSteps,
+        done: Materialized,
+        inputs_seen: Mapping[str, dict[str, Any] | None],
+        feedback: Mapping[str, DataFrame],
+        work: Callable[[str], bool],
+    ) -> EpochMarks:
+        """Advance the watermarks after epoch ``epoch`` and keep the steps' new state."""
+        for name, metrics in inputs_seen.items():
+            latest = (metrics or {}).get(MAX_EVENT)
+            if latest is not None:
+                self.max_seen[name] = max(self.max_seen.get(name, MIN_US), int(latest))
+        self.feedback_min = {}
+        for name, df in feedback.items():
+            value = done.aggregates.get(id(df), {}).get(MIN_EVENT)
+            if work(name) and value is not None:
+                self.feedback_min[name] = int(value)
+        gone = sorted(set(self.steps) - set(steps.steps))
+        if gone:
+            raise IterflowValueError(
+                f"epoch {epoch}: step '{gone[0]}' ran in the epoch before but not in this "
+                "one; its state would be lost. Call every ctx.window/ctx.join in every "
+                "epoch (on an empty DataFrame if need be)"
+            )
+        outcomes = steps.outcomes(done)
+        steps.release()
+        loop_input = max(self.loop_input, self._input_now())
+        for name, outcome in outcomes.items():  # in the order the steps ran
+            self._advance(name, outcome, loop_input)
+        self.loop = max(
+            self.loop, min([loop_input, *(m.output_watermark for m in self.steps.values())])
+        )
+        watermarks = {name: to_datetime(self.source_watermark(name)) for name in self.sources}
+        watermarks.update({name: to_datetime(m.output_watermark) for name, m in self.steps.items()})
+        watermarks["loop"] = to_datetime(self.loop)
+        return EpochMarks(
+            watermarks=watermarks,
+            late_rows={name: o.late_rows for name, o in outcomes.items()},
+            state_rows={name: o.state_rows for name, o in outcomes.items()},
+        )
+
+    def _advance(self, name: str, outcome: StepOutcome, loop_input: int) -> None:
+        before = self.steps.get(name)
+        marks = StepMarks(
+            kind=outcome.kind,
+            spec=outcome.spec,
+            upstream=outcome.upstream,
+            input_watermark=outcome.input_watermark,
+            output_watermark=MIN_US if before is None else before.output_watermark,
+            due=outcome.due,
+            state_rows=outcome.state_rows,
+            parts=tuple(outcome.frames),
+        )
+        hold = MAX_US if outcome.hold is None else outcome.hold
+        upcoming = self._next_input(marks, loop_input)
+        marks.output_watermark = max(marks.output_watermark, min(upcoming, hold))
+        self.steps[name] = marks
+        self.frames[name] = dict(outcome.frames)
+
+    # -- commits ---------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a commit keeps of the watermarks (the steps' state rows go separately)."""
+        return {
+            "max_seen": dict(self.max_seen),
+            "feedback_min": dict(self.feedback_min),
+            "loop_input": self.loop_input,
+            "loop": self.loop,
+            "steps": {name: attrs.asdict(marks) for name, marks in self.steps.items()},
+        }
+
+    def state_frames(self) -> dict[str, DataFrame]:
+        """The steps' state rows, by the name a commit stores them under."""
+        return {
+            stored_name(step, part): df
+            for step, parts in self.frames.items()
+            for part, df in parts.items()
+        }
+
+    def restore(self, snapshot: Mapping[str, Any], frames: Mapping[str, DataFrame]) -> None:
+        self.max_seen = dict(snapshot["max_seen"])
+        self.feedback_min = dict(snapshot["feedback_min"])
+        self.loop_input = int(snapshot["loop_input"])
+        self.loop = int(snapshot["loop"])
+        self.steps = {
+            name: StepMarks(
+                **{**fields, "upstream": tuple(fields["upstream"]), "parts": tuple(fields["parts"])}
+            )
+            for name, fields in snapshot["steps"].items()
+        }
+        self.frames = {
+            name: {part: frames[stored_name(name, part)] for part in marks.parts}
+            for name, marks in self.steps.items()
+        }
+
+
+def stored_name(step: str, part: str) -> str:
+    """The name a step's state part is committed under (step names are identifiers)."""
+    return f"{step}__{part}"
+
+
+def _q(column: str) -> str:
+    return "`" + column.replace("`", "``") + "`"
