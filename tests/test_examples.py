@@ -81,3 +81,21 @@ def test_the_guides_gaussian_mixture_matches_numpy(spark: SparkSession) -> None:
     np.testing.assert_allclose(np.reshape(fitted["covs"], (k, d, d)), covs, rtol=1e-9, atol=1e-12)
     assert fitted["loglik"] == pytest.approx(loglik, rel=1e-12)
     result.release()
+
+
+def test_event_time_example_counts_each_minute_updates_it_and_keeps_the_late_click(
+    spark: SparkSession,
+) -> None:
+    scope = runpy.run_path(str(EXAMPLES / "event_time_windows.py"), run_name="example")
+    minutes = sorted(tuple(r) for r in scope["minutes"].collect())
+    assert minutes == [
+        ("12:00", "home", 0, 1, 1),
+        ("12:00", "home", 1, 2, 2),  # the late click within lateness: counted again
+        ("12:00", "shop", 0, 1, 1),
+        ("12:01", "home", 0, 1, 3),
+        ("12:02", "shop", 0, 1, 3),
+        ("12:09", "home", 0, 1, 5),  # fired once the input ended
+    ]
+    late = scope["late"].read(spark).select("page", "epoch").collect()
+    assert [tuple(r) for r in late] == [("shop", 4)]
+    assert scope["query"].history[4].late_rows == {"minutes": 1}
