@@ -7,10 +7,13 @@ Windows against a plain-Python reference are in test_event_windows.py.
 from __future__ import annotations
 
 import itertools
+import json
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from child_jobs import kill_when, run_to_end
 from pyspark.sql import functions as F
 from test_unbounded import write_rows
 
@@ -410,3 +413,39 @@ def test_event_time_misuse_is_a_clear_error(spark, tmp_path):
         return itf.Declaration(outputs={"j": ctx.join(left, right, "v", within=1)})
 
     assert "both sides have a column 'w'" in failing(clashing)
+
+
+# -- a killed process ------------------------------------------------------------------------
+
+
+@pytest.mark.slow_spark
+def test_a_killed_event_time_stream_restarts_with_every_window_once(spark, tmp_path):
+    files = [[{"t": 3 * f + i, "v": 10 * f + i} for i in range(3)] for f in range(12)]
+    write_rows(tmp_path / "in", files)
+    command = [
+        sys.executable,
+        str(Path(__file__).with_name("event_time_kill_job.py")),
+        *(str(tmp_path / name) for name in ("in", "ckpt", "sinks", "out.json")),
+    ]
+    epochs = tmp_path / "ckpt" / "epochs"
+    # Into the next epoch's work after epoch 4 or later committed.
+    kill_when(
+        command, lambda: bool(list(epochs.glob("epoch-0000000[4-9]/_COMMITTED"))), after_s=0.15
+    )
+    assert not (tmp_path / "out.json").exists()
+    run_to_end(command)
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["termination"] == "inputs_ended" and out["resumed_from"] >= 4
+    assert out["late"] == 0
+    expected: dict[int, int] = {}
+    for row in (r for f in files for r in f):
+        for start in (row["t"] // 2 * 2 - 2, row["t"] // 2 * 2):
+            expected[start] = expected.get(start, 0) + row["v"]
+    written = (
+        spark.read.parquet(str(tmp_path / "sinks" / "sums"))
+        .select((F.unix_micros("window.start") / SECOND).cast("long"), "total", "pane")
+        .collect()
+    )
+    # Each window once (no update: nothing was late), with the sum of all its rows.
+    assert sorted((r[0], r[1]) for r in written) == sorted(expected.items())
+    assert {r[2] for r in written} == {0}
