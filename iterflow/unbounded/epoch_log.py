@@ -2,9 +2,10 @@
 
 A commit holds the pending variables (small ones inline in the driver state, the
 others as parquet), the driver state, and the position in the stream: the last
-epoch run and the id of the last micro-batch whose rows are consumed. A restart
-continues from the last commit.
-"""
+epoch run and the id of the last micro-batch whose rows are consumed. It is taken
+at an epoch boundary (``take``: the driver state pickled, the data of the pending
+variables pinned) and written then or later (``write``; ``committer`` decides). A
+restart continues from the last commit written whole."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 from iterflow.errors import IterflowValueError
+from iterflow.runtime.checkpoint import snapshot
 from iterflow.runtime.driver_variables import local_frame
 
 if TYPE_CHECKING:
@@ -36,10 +38,28 @@ class StreamPosition:
     inline: dict[str, tuple[str, Any]]  # small pending variables: schema JSON, pyarrow Table
 
 
-def commit(loop: EpochLoop) -> None:
-    """Commit the pending variables and the driver state after the last epoch run."""
-    if loop.epoch == loop.committed_epoch:
-        return
+@attrs.frozen(kw_only=True)
+class Committed:
+    """The last commit written whole: its epoch and micro-batch (-1 before the first)."""
+
+    epoch: int = -1
+    batch_id: int = -1
+
+
+@attrs.frozen(kw_only=True)
+class Snapshot:
+    """What a commit writes, taken at an epoch boundary: the driver state pickled then, the
+    pending variables written as parquet, and what the round cycle keeps alive for them."""
+
+    epoch: int
+    batch_id: int
+    driver: bytes
+    written: dict[str, DataFrame]
+    pinned: list[DataFrame]
+
+
+def take(loop: EpochLoop) -> Snapshot:
+    """What a commit after the last epoch run writes (its data pinned until ``write``)."""
     rows, tables = loop.cycle.variables.rows, loop.cycle.variables.tables
     inline: dict[str, tuple[str, Any]] = {}
     written: dict[str, DataFrame] = {}
@@ -52,8 +72,19 @@ def commit(loop: EpochLoop) -> None:
     position = StreamPosition(
         epoch=loop.epoch, batch_id=loop.batch_id, rows=dict(rows), inline=inline
     )
-    loop.checkpointing.write(loop.epoch, loop.loop.driver_state(stream=position), written)
-    loop.committed_epoch = loop.epoch
+    driver = snapshot(loop.loop.driver_state(stream=position), loop.epoch)
+    pinned = loop.cycle.pin() if written else []
+    return Snapshot(
+        epoch=loop.epoch, batch_id=loop.batch_id, driver=driver, written=written, pinned=pinned
+    )
+
+
+def write(loop: EpochLoop, taken: Snapshot) -> None:
+    """Commit ``taken`` to the epoch log (on the calling thread), then let its data go."""
+    try:
+        loop.checkpointing.write_snapshot(taken.epoch, taken.driver, taken.written)
+    finally:
+        loop.cycle.unpin(taken.pinned)
 
 
 def restore(loop: EpochLoop) -> int | None:
@@ -81,6 +112,7 @@ def restore(loop: EpochLoop) -> int | None:
     }
     loop.cycle.variables.rows = dict(position.rows)
     loop.cycle.variables.tables = {name: table for name, (_, table) in position.inline.items()}
-    loop.epoch = loop.committed_epoch = position.epoch
+    loop.epoch = position.epoch
     loop.batch_id = position.batch_id
+    loop.commits.committed = Committed(epoch=position.epoch, batch_id=position.batch_id)
     return checkpoint.epoch
