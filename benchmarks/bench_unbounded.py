@@ -29,11 +29,19 @@ ratios are of medians. Target: iterflow / plain, per epoch, <= 1.2. One more
 iterflow run at the end times the steps of an epoch (``PROBES``), and one file is
 read as JSON lines and as parquet to show what parsing the JSON costs.
 
-    python benchmarks/bench_unbounded.py [--quick]
+``--commits`` compares iterflow with itself instead: commits written before each
+``foreachBatch`` call returns (``commit_interval_s=None``, "iterflow") against commits
+written in the background at most every 5 seconds (``commit_interval_s=5``,
+"iterflow-async"), same workload, same alternation, and the same timed breakdown of
+the synchronous variant (what its commit costs per epoch). Target: async / sync,
+median epoch, <= 0.8. It writes ``bench_unbounded.commits.json``.
+
+    python benchmarks/bench_unbounded.py [--quick] [--commits]
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import os
@@ -51,7 +59,6 @@ from _common import (
     finish,
     log,
     median,
-    parse_args,
     print_table,
     settle,
     start_session,
@@ -71,6 +78,10 @@ from iterflow.demo.online_kmeans import (
 
 TARGET = 1.2
 VARIANTS = ("plain", "plain-df", "iterflow")
+#: ``--commits``: iterflow with commits before each micro-batch returns, and in the background.
+COMMIT_VARIANTS = ("iterflow", "iterflow-async")
+COMMIT_INTERVAL_S = 5.0
+COMMIT_TARGET = 0.8
 K, DIMS = 8, 16
 DECAY = 1.0
 SEED = 2026
@@ -270,7 +281,7 @@ def run_plain_df(
 
 
 def run_iterflow(
-    spark: SparkSession, w: Workload, location: Path
+    spark: SparkSession, w: Workload, location: Path, commit_interval_s: float | None = None
 ) -> tuple[float, np.ndarray, dict[str, Any]]:
     model0 = initial_model(spark, w.initial)
     stream = point_stream(spark, w.folder)
@@ -281,7 +292,12 @@ def run_iterflow(
         .bind("model", model0, state=True)
         .bind("points", stream)
         .listen(final)
-        .start(checkpoint_location=str(location), available_now=True, progress=False)
+        .start(
+            checkpoint_location=str(location),
+            available_now=True,
+            progress=False,
+            commit_interval_s=commit_interval_s,
+        )
     )
     handle.await_termination()
     total_s = time.perf_counter() - start - final.read_s
@@ -292,7 +308,18 @@ def run_iterflow(
     return total_s, final.centers, {"duration_s": [p.duration_s for p in epochs]}
 
 
-RUNNERS = {"plain": run_plain, "plain-df": run_plain_df, "iterflow": run_iterflow}
+def run_iterflow_async(
+    spark: SparkSession, w: Workload, location: Path
+) -> tuple[float, np.ndarray, dict[str, Any]]:
+    return run_iterflow(spark, w, location, COMMIT_INTERVAL_S)
+
+
+RUNNERS = {
+    "plain": run_plain,
+    "plain-df": run_plain_df,
+    "iterflow": run_iterflow,
+    "iterflow-async": run_iterflow_async,
+}
 
 #: The breakdown run times these functions (module where defined, name, what it is).
 #: Indented labels run inside the one above. They are iterflow's internals: a probe,
@@ -310,7 +337,7 @@ PROBES = (
     ("iterflow.runtime.run_observers", "RunObservers.round_end", "    observers: round_end"),
     ("iterflow.progress.listeners", "ListenerSet.round_end", "    listeners"),
     ("iterflow.runtime.materialize", "release", "    release the previous epoch"),
-    ("iterflow.unbounded.epoch_log", "commit", "  commit"),
+    ("iterflow.unbounded.committer", "Committer.commit", "  commit"),
     ("iterflow.runtime.checkpoint", "snapshot", "    pickle the driver state"),
     ("iterflow.runtime.checkpoint", "CheckpointStore.write", "    write the epoch's files"),
 )
@@ -432,8 +459,96 @@ def measure(
     return run
 
 
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="10 files of 2,000 points, one run of each variant (a smoke test)",
+    )
+    parser.add_argument(
+        "--commits",
+        action="store_true",
+        help="iterflow with commit_interval_s=None against commit_interval_s=5 "
+        "(bench_unbounded.commits.json)",
+    )
+    return parser.parse_args()
+
+
+def compare_commits(
+    spark: SparkSession, progress: ProgressLog, w: Workload, warm: Workload, repetitions: int
+) -> dict[str, Any]:
+    """``--commits``: iterflow's epochs with commits before each micro-batch returns and in
+    the background, and what the synchronous commit costs per epoch."""
+    log(f"warm-up: one run of each variant over {warm.files} files")
+    for variant in COMMIT_VARIANTS:
+        measure(spark, progress, f"{variant} (warm-up)", variant, warm)
+    log(f"{w.files} epochs, {repetitions} runs of each variant")
+    sequence, runs = alternate(
+        COMMIT_VARIANTS,
+        repetitions,
+        lambda variant: measure(spark, progress, variant, variant, w),
+    )
+    log("breakdown: one more run with synchronous commits and its epoch's steps timed")
+    timed = breakdown(spark, progress, w)
+    finals = [r["centers"] for rs in runs.values() for r in rs]
+    reference = np.array(finals[0])
+    max_difference = max(float(np.abs(np.array(c) - reference).max()) for c in finals)
+    assert max_difference <= TOLERANCE, f"final centers differ by {max_difference}"
+    summary = {
+        variant: {
+            "total_s_median": median([r["total_s"] for r in rs]),
+            "epoch_s_median": median([median(r["epoch_s"]) for r in rs]),
+            "add_batch_s_median": median([median(r["phases_s"]["addBatch"]) for r in rs]),
+            "duration_s_median": median([median(r["duration_s"]) for r in rs]),
+        }
+        for variant, rs in runs.items()
+    }
+    sync, background = summary["iterflow"], summary["iterflow-async"]
+    per_epoch = timed["per_epoch_s"]
+    results = {
+        "target": COMMIT_TARGET,
+        "commit_interval_s": COMMIT_INTERVAL_S,
+        "sequence": sequence,
+        "summary": summary,
+        "ratio_async_over_sync": {
+            "epoch_median": background["epoch_s_median"] / sync["epoch_s_median"],
+            "add_batch_median": background["add_batch_s_median"] / sync["add_batch_s_median"],
+            "total": background["total_s_median"] / sync["total_s_median"],
+        },
+        "sync_commit_per_epoch_s": per_epoch.get("  commit"),
+        "breakdown_sync": {k: v for k, v in timed.items() if k != "centers"},
+        "final_centers_max_abs_difference": max_difference,
+        "runs": {
+            v: [{k: x for k, x in r.items() if k != "centers"} for r in rs]
+            for v, rs in runs.items()
+        },
+    }
+    ratio = results["ratio_async_over_sync"]
+    rows: list[tuple[str, Any]] = []
+    for variant, s in summary.items():
+        rows += [
+            (f"{variant}: total (s)", s["total_s_median"]),
+            (f"{variant}: median epoch, triggerExecution (s)", s["epoch_s_median"]),
+            (f"{variant}: median epoch, addBatch (s)", s["add_batch_s_median"]),
+        ]
+    rows += [
+        (f"async / sync, median epoch (target <= {COMMIT_TARGET})", ratio["epoch_median"]),
+        ("async / sync, median addBatch", ratio["add_batch_median"]),
+        ("async / sync, total", ratio["total"]),
+        ("sync: commit per epoch, timed run (s)", results["sync_commit_per_epoch_s"]),
+    ]
+    print_table(
+        f"online k-means, {w.files} files x {w.points_per_file} points, commits before each "
+        f"micro-batch returns vs every {COMMIT_INTERVAL_S:g} s in the background "
+        f"(medians of {repetitions} runs)",
+        rows,
+    )
+    return results
+
+
 def main() -> None:
-    args = parse_args(__doc__.splitlines()[0])
+    args = parse_args()
     if args.quick:
         files, per_file, warm_files, repetitions = 10, 2_000, 3, 1
     else:
@@ -460,6 +575,29 @@ def main() -> None:
             f"{time.perf_counter() - clock:.1f} s"
         )
 
+        if args.commits:
+            commits = compare_commits(spark, progress, w, warm, repetitions)
+            finish(
+                spark,
+                "bench_unbounded.commits",
+                args.quick,
+                commits,
+                k=K,
+                dims=DIMS,
+                decay=DECAY,
+                seed=SEED,
+                files=files,
+                points_per_file=per_file,
+                input_bytes=input_bytes,
+                max_files_per_trigger=1,
+                trigger="availableNow",
+                repetitions=repetitions,
+                warm_up_files=warm_files,
+                iterflow="UnboundedIteration(online_kmeans_step(1.0)).bind('model', model0, "
+                "state=True).bind('points', stream).start(available_now=True, progress=False, "
+                "commit_interval_s=None | 5)",
+            )
+            return
         log(f"warm-up: one run of each variant over {warm_files} files")
         for variant in VARIANTS:
             measure(spark, progress, f"{variant} (warm-up)", variant, warm)

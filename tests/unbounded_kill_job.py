@@ -1,10 +1,11 @@
 """An unbounded running sum in its own process, for the kill test.
 
-Usage: unbounded_kill_job.py INPUT_DIR CHECKPOINT SINK_DIR OUT_JSON. Reads the
-JSON files of INPUT_DIR one per micro-batch (available-now), keeps the running
-total as a state variable, writes each epoch's numbers and total to FileSinks
-under SINK_DIR, and sleeps a little per epoch so that a kill lands mid-stream.
-Writes what the run saw to OUT_JSON."""
+Usage: unbounded_kill_job.py INPUT_DIR CHECKPOINT SINK_DIR OUT_JSON [COMMIT_INTERVAL_S].
+Reads the JSON files of INPUT_DIR one per micro-batch (available-now), keeps the
+running total as a state variable, writes each epoch's numbers and total to
+FileSinks under SINK_DIR, and sleeps a little per epoch so that a kill lands
+mid-stream. With COMMIT_INTERVAL_S, commits are written in the background at most
+that often. Writes what the run saw to OUT_JSON."""
 
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ def running_sum(total, numbers, ctx):  # type: ignore[no-untyped-def]
     )
 
 
-def main(input_dir: str, checkpoint: str, sink_dir: str, out: str) -> None:
+def main(
+    input_dir: str, checkpoint: str, sink_dir: str, out: str, commit_interval_s: str | None = None
+) -> None:
     spark = embedded_session(
         "local[2]",
         app_name="iterflow-unbounded-kill",
@@ -53,7 +56,12 @@ def main(input_dir: str, checkpoint: str, sink_dir: str, out: str) -> None:
         .sink("total", itf.FileSink(f"{sink_dir}/total"))
         .sink("numbers", itf.FileSink(f"{sink_dir}/numbers"))
         .listen(slow)
-        .start(checkpoint_location=checkpoint, available_now=True, progress=False)
+        .start(
+            checkpoint_location=checkpoint,
+            available_now=True,
+            progress=False,
+            commit_interval_s=None if commit_interval_s is None else float(commit_interval_s),
+        )
     )
     query.await_termination()
     with open(out, "w") as f:
@@ -70,4 +78,4 @@ def main(input_dir: str, checkpoint: str, sink_dir: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])

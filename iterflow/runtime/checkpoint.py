@@ -471,7 +471,16 @@ class Checkpointing:
         outputs: Mapping[str, DataFrame] | None = None,
     ) -> None:
         """Snapshot ``driver`` now and write epoch ``epoch`` (in the background when async)."""
-        data = snapshot(driver, epoch)
+        self.write_snapshot(epoch, snapshot(driver, epoch), variables, outputs)
+
+    def write_snapshot(
+        self,
+        epoch: int,
+        data: bytes,
+        variables: Mapping[str, DataFrame],
+        outputs: Mapping[str, DataFrame] | None = None,
+    ) -> None:
+        """Write epoch ``epoch`` with the driver state ``data`` pickled by ``snapshot``."""
         frames, results = dict(variables), dict(outputs or {})
         self.writer.submit(
             epoch,

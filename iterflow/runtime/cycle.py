@@ -16,6 +16,7 @@ driver between rounds, and saves in checkpoints, is one value: ``LoopState``.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from datetime import datetime, timezone
@@ -249,6 +250,11 @@ class RoundCycle:
         self.owned_inputs: dict[str, DataFrame] = {}
         # The first epoch of this start: the variables' first values are released after it.
         self.first_epoch = 0
+        # What commits not yet written read (id -> times pinned), and what rounds let go of
+        # meanwhile: released when the last commit reading it is written (``unpin``).
+        self._pins: dict[int, int] = {}
+        self._unheld: dict[int, DataFrame] = {}
+        self._pins_lock = threading.Lock()
         loop.observers.on_sample = partial(loop.listeners.round_progress, on_error=delivery_failed)
 
     def own_inputs(self, inputs: Mapping[str, DataFrame], skip: Collection[str] = ()) -> None:
@@ -329,10 +335,33 @@ class RoundCycle:
             before_release()
         produced = rnd.evaluated.produced
         finished, self.held = self.held[: len(self.held) - len(produced)], produced
-        for df in finished:
-            release(df)
+        with self._pins_lock:
+            for df in finished:
+                if id(df) in self._pins:
+                    self._unheld[id(df)] = df
+                else:
+                    release(df)
         if rnd.epoch == self.first_epoch:
             self.release_first_values()
+
+    def pin(self) -> list[DataFrame]:
+        """Keep what the last completed round holds (its variables' data) alive until
+        ``unpin``, for a commit written while later rounds run (any thread)."""
+        with self._pins_lock:
+            frames = list(self.held)
+            for df in frames:
+                self._pins[id(df)] = self._pins.get(id(df), 0) + 1
+            return frames
+
+    def unpin(self, frames: list[DataFrame]) -> None:
+        """``frames`` (from ``pin``) are no longer read: release those no round holds now."""
+        with self._pins_lock:
+            for df in frames:
+                left = self._pins.pop(id(df)) - 1
+                if left:
+                    self._pins[id(df)] = left
+                elif (unheld := self._unheld.pop(id(df), None)) is not None:
+                    release(unheld)
 
     def release_first_values(self) -> None:
         """Unpersist the variables' first values (bound, or read from a checkpoint): after
@@ -359,10 +388,10 @@ class RoundCycle:
             self.caches.release("round")
             self.caches.release("iteration")
         finally:
-            for df in self.held:
+            for df in [*self.held, *self._unheld.values()]:
                 if id(df) not in keep_ids:
                     release(df)
-            self.held = []
+            self.held, self._unheld, self._pins = [], {}, {}
             for df in self.owned_inputs.values():
                 df.unpersist(blocking=False)
             self.owned_inputs = {}

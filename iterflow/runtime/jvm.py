@@ -407,6 +407,28 @@ def stream_checkpoint(query: Any) -> str:
     return str(query._jsq.streamingQuery().resolvedCheckpointRoot())
 
 
+def stream_sources(df: DataFrame) -> list[tuple[str, dict[str, str]]]:
+    """The sources a streaming DataFrame reads, in plan order: each one's name as Spark
+    gives it (``"FileSource[<path>]"``, ``"kafka"``, ``"rate"``, ``"socket"``...) and its
+    read options, keys in lower case."""
+    leaves = df._jdf.queryExecution().analyzed().collectLeaves()
+    converters = df.sparkSession._jvm.scala.jdk.javaapi.CollectionConverters  # type: ignore[union-attr]
+    found: list[tuple[str, dict[str, str]]] = []
+    for k in range(leaves.size()):
+        leaf = leaves.apply(k)
+        kind = leaf.getClass().getSimpleName()
+        if kind == "StreamingRelation":
+            options = converters.asJava(leaf.dataSource().options())
+        elif kind == "StreamingRelationV2":
+            options = leaf.extraOptions().asCaseSensitiveMap()
+        else:
+            continue
+        found.append(
+            (str(leaf.sourceName()), {str(key).lower(): str(v) for key, v in options.items()})
+        )
+    return found
+
+
 def file_sources(query: Any, hadoop: HadoopFiles) -> dict[int, tuple[str, dict[str, str] | None]]:
     """Source index -> (qualified path, read options with keys in lower case) of each file
     source of the running streaming query ``query`` (a ``StreamingQuery``); the index is

@@ -2,9 +2,10 @@
 
 A commit holds the pending variables (small ones inline in the driver state, the
 others as parquet), the driver state, and the position in the stream: the last
-epoch run and the id of the last micro-batch whose rows are consumed. A restart
-continues from the last commit.
-"""
+epoch run and the id of the last micro-batch whose rows are consumed. It is taken
+at an epoch boundary (``take``: the driver state pickled, the data of the pending
+variables pinned) and written then or later (``write``; ``committer`` decides). A
+restart continues from the last commit written whole."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 from iterflow.errors import IterflowValueError
+from iterflow.runtime.checkpoint import snapshot
 from iterflow.runtime.driver_variables import local_frame
 from iterflow.unbounded.event_time import stored_name
 
@@ -40,10 +42,29 @@ class StreamPosition:
     event_time: dict[str, Any] | None = None
 
 
-def commit(loop: EpochLoop) -> None:
-    """Commit the pending variables and the driver state after the last epoch run."""
-    if loop.epoch == loop.committed_epoch:
-        return
+@attrs.frozen(kw_only=True)
+class Committed:
+    """The last commit written whole: its epoch and micro-batch (-1 before the first)."""
+
+    epoch: int = -1
+    batch_id: int = -1
+
+
+@attrs.frozen(kw_only=True)
+class Snapshot:
+    """What a commit writes, taken at an epoch boundary: the driver state pickled then, the
+    pending variables written as parquet, and what the round cycle keeps alive for them."""
+
+    epoch: int
+    batch_id: int
+    driver: bytes
+    written: dict[str, DataFrame]
+    states: dict[str, DataFrame]  # the event-time steps' large states
+    pinned: list[DataFrame]
+
+
+def take(loop: EpochLoop) -> Snapshot:
+    """What a commit after the last epoch run writes (its data pinned until ``write``)."""
     rows, tables = loop.cycle.variables.rows, loop.cycle.variables.tables
     inline: dict[str, tuple[str, Any]] = {}
     written: dict[str, DataFrame] = {}
@@ -61,10 +82,24 @@ def commit(loop: EpochLoop) -> None:
         inline=inline,
         event_time=event_time,
     )
-    loop.checkpointing.write(
-        loop.epoch, loop.loop.driver_state(stream=position), written, outputs=states
+    driver = snapshot(loop.loop.driver_state(stream=position), loop.epoch)
+    pinned = loop.cycle.pin() if written or states else []
+    return Snapshot(
+        epoch=loop.epoch,
+        batch_id=loop.batch_id,
+        driver=driver,
+        written=written,
+        states=states,
+        pinned=pinned,
     )
-    loop.committed_epoch = loop.epoch
+
+
+def write(loop: EpochLoop, taken: Snapshot) -> None:
+    """Commit ``taken`` to the epoch log (on the calling thread), then let its data go."""
+    try:
+        loop.checkpointing.write_snapshot(taken.epoch, taken.driver, taken.written, taken.states)
+    finally:
+        loop.cycle.unpin(taken.pinned)
 
 
 def _event_time(loop: EpochLoop) -> tuple[dict[str, Any] | None, dict[str, DataFrame]]:
@@ -111,8 +146,9 @@ def restore(loop: EpochLoop) -> int | None:
     }
     loop.cycle.variables.rows = dict(position.rows)
     loop.cycle.variables.tables = {name: table for name, (_, table) in position.inline.items()}
-    loop.epoch = loop.committed_epoch = position.epoch
+    loop.epoch = position.epoch
     loop.batch_id = position.batch_id
+    loop.commits.committed = Committed(epoch=position.epoch, batch_id=position.batch_id)
     if loop.event_time is not None and position.event_time is not None:
         states = dict(checkpoint.outputs)
         for name, (schema, table) in position.event_time["inline"].items():

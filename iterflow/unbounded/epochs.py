@@ -14,7 +14,10 @@ epoch), and before the call returns (so before Spark commits the micro-batch)
 the pending variables and the driver state are committed to the epoch log
 under the checkpoint location, with the id of the last micro-batch whose rows
 are consumed. After a crash, the loop restarts from that commit; a micro-batch
-Spark replays that the commit already holds is not taken again.
+Spark replays that the commit already holds is not taken again. With
+``commit_interval_s``, the commit is only taken there and written later
+(``committer``); Spark's checkpoint is then rewound to it on a restart
+(``rewind``).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from iterflow.runtime.round_context import CacheRegistry
 from iterflow.runtime.run_observers import RunObservers
 from iterflow.runtime.sinks import Sink
 from iterflow.unbounded import epoch_log
+from iterflow.unbounded.committer import Committer
 from iterflow.unbounded.event_time import EventTime
 from iterflow.unbounded.inputs import Chunks, split
 
@@ -60,11 +64,14 @@ class StoppedError(IterflowError):
 
 @attrs.frozen(kw_only=True)
 class EpochOptions:
-    """``start(max_rows_per_epoch=, max_feedback_rows=, max_epochs_per_batch=)``."""
+    """``start(max_rows_per_epoch=, max_feedback_rows=, max_epochs_per_batch=,
+    commit_interval_s=)``."""
 
     max_rows_per_epoch: int | None = None
     max_feedback_rows: int = 0
     max_epochs_per_batch: int = 100
+    commit_interval_s: float | None = None  # None: commit before each micro-batch returns
+    max_batches_behind: int = 50  # of the last commit, off the loop's path (``committer``)
     driver_rows: int = DRIVER_ROWS  # state variables up to this many rows live on the driver
 
 
@@ -106,7 +113,9 @@ class EpochLoop:
         self.pending: dict[str, DataFrame] = {}  # the variables the next epoch reads
         self.epoch = -1
         self.batch_id = -1
-        self.committed_epoch = -1
+        self.commits = Committer(
+            interval_s=options.commit_interval_s, max_batches_behind=options.max_batches_behind
+        )
         self.outputs: dict[str, DataFrame] = {}
         self.source_backlog: Callable[[], dict[str, float]] = dict
         self.error: BaseException | None = None
@@ -126,6 +135,11 @@ class EpochLoop:
     def in_epoch_thread(self) -> bool:
         """True on the thread that runs epochs now (e.g. inside a listener)."""
         return self._owner == threading.get_ident()
+
+    @property
+    def committed_epoch(self) -> int:
+        """The epoch of the last commit written whole (-1 before the first)."""
+        return self.commits.committed.epoch
 
     @property
     def in_flight(self) -> int:
@@ -154,7 +168,7 @@ class EpochLoop:
                     self._take(in_session(batch, self.spark), batch_id)
                     self.batch_id = batch_id
                 self.drain(self.options.max_epochs_per_batch, batch_id)
-                epoch_log.commit(self)
+                self.commits.commit(self)
 
     @contextmanager
     def _recording_errors(self) -> Iterator[None]:
@@ -205,7 +219,25 @@ class EpochLoop:
         with self.exclusive(), self._recording_errors():
             if self.error is None:
                 self.drain(self.options.max_epochs_per_batch)
-                epoch_log.commit(self)
+                self.commits.commit(self)
+
+    def commit_idle(self) -> None:
+        """Between micro-batches: hand over a commit when one is due (commits off the loop's
+        path), unless epochs are running."""
+        if self.options.commit_interval_s is None or not self._lock.acquire(blocking=False):
+            return
+        try:
+            with self.exclusive(), self._recording_errors():
+                if self.error is None:
+                    self.commits.commit(self)
+        finally:
+            self._lock.release()
+
+    def flush(self) -> None:
+        """The stream stopped: write the commits handed over, then the last epoch's."""
+        with self.exclusive(), self._recording_errors():
+            if self.error is None:
+                self.commits.flush(self)
 
     def finish(self) -> None:
         """The inputs have ended: run epoch 0 if none ran, drain every epoch left, commit."""
@@ -215,8 +247,8 @@ class EpochLoop:
             if self.epoch < 0:
                 self.run_round(None, None)
             while self.drain(self.options.max_epochs_per_batch):
-                epoch_log.commit(self)
-            epoch_log.commit(self)
+                self.commits.commit(self)
+            self.commits.flush(self)
 
     # -- one epoch -------------------------------------------------------------------
 
@@ -325,9 +357,11 @@ class EpochLoop:
         self.loop.observers.failed(epoch, error)
 
     def close(self) -> None:
-        """Release everything iterflow holds for this iteration."""
+        """Release everything iterflow holds for this iteration (once the commits in flight
+        are written)."""
         with self.exclusive():
             try:
+                self.commits.settle()
                 self.loop.observers.close()
             finally:
                 self.cycle.close()

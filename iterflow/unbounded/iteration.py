@@ -18,10 +18,12 @@ from iterflow.runtime.driver_variables import driver_rows
 from iterflow.runtime.files import files_for
 from iterflow.runtime.jvm import is_classic
 from iterflow.runtime.schema import describe_inputs
+from iterflow.unbounded.committer import RETAINED_BATCHES_CONF
 from iterflow.unbounded.epochs import EpochLoop, EpochOptions
 from iterflow.unbounded.event_time import EventTime
 from iterflow.unbounded.inputs import combined
 from iterflow.unbounded.query import UnboundedQuery
+from iterflow.unbounded.rewind import check_replayable, rewind
 from iterflow.windows import duration_us
 
 #: Under ``checkpoint_location``: Spark's own streaming checkpoint, and iterflow's epoch log.
@@ -97,6 +99,7 @@ class UnboundedIteration(IterationBuilder):
         spark: SparkSession | None = None,
         progress_interval_s: float = 0.5,
         event_log_progress_s: float = 5.0,
+        commit_interval_s: float | None = None,
     ) -> UnboundedQuery:
         """Start the streaming query; returns its handle at once.
 
@@ -115,9 +118,19 @@ class UnboundedIteration(IterationBuilder):
 
         ``progress_interval_s`` and ``event_log_progress_s`` sample running epochs as
         ``BoundedIteration.run`` samples rounds.
+
+        ``commit_interval_s=None`` commits every micro-batch before Spark does. A number
+        of seconds writes commits in the background instead, at most that often, so
+        epochs do not wait for them; after a crash the epochs since the last commit run
+        again (file sinks still hold every row once; callable sinks are called again).
+        It needs sources that replay (files, Kafka, rate). See docs/unbounded.md,
+        "Commits that do not stall the loop"::
+
+            .start(checkpoint_location=ckpt, commit_interval_s=5)
         """
         check_progress_option(progress)
         _check_start(checkpoint_location, available_now, processing_time)
+        interval = _commit_interval(commit_interval_s)
         active, inputs = self._bound_inputs(spark)
         options = EpochOptions(
             max_rows_per_epoch=None
@@ -126,8 +139,14 @@ class UnboundedIteration(IterationBuilder):
             max_feedback_rows=at_least_one("max_feedback_rows", max_feedback_rows, zero=True),
             max_epochs_per_batch=at_least_one("max_epochs_per_batch", max_epochs_per_batch),
             driver_rows=driver_rows(active),
+            commit_interval_s=interval,
+            max_batches_behind=max(
+                1, int(active.conf.get(RETAINED_BATCHES_CONF, "100") or 100) // 2
+            ),
         )
         streams = self._streams(active, inputs)
+        if interval is not None:
+            check_replayable({name: inputs[name] for name in streams})
         state_names = frozenset(name for name, b in self._bindings.items() if b.state)
         location = os.fspath(checkpoint_location).rstrip("/")  # type: ignore[arg-type]
         checkpointing, observers = self._assemble(
@@ -290,10 +309,29 @@ def _check_start(
         )
 
 
+def _commit_interval(value: object) -> float | None:
+    """``start(commit_interval_s=...)``: None, or a positive number of seconds."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise IterflowValueError(
+            f"start(commit_interval_s={value!r}): give the seconds between commits written "
+            "in the background as a number > 0 (such as 5), or None to commit every "
+            "micro-batch before it returns"
+        )
+    if value == float("inf"):
+        raise IterflowValueError(
+            "start(commit_interval_s=inf): commits must be written at some interval; give "
+            "a finite number of seconds, or None"
+        )
+    return float(value)
+
+
 def _check_stream_checkpoint(
     loop: EpochLoop, spark: SparkSession, location: str, resumed_from: int | None
 ) -> None:
-    """The epoch log and Spark's own streaming checkpoint must agree; sinks drop what a
+    """The epoch log and Spark's own streaming checkpoint must agree: Spark's is rewound to
+    the last commit when it is ahead (commits off the loop's path); sinks drop what a
     crashed attempt wrote after the last commit."""
     stream_files, stream_root = files_for(spark, f"{location}/{STREAM_DIR}")
     stream_started = bool(stream_files.children(f"{stream_root}/offsets"))
@@ -304,6 +342,7 @@ def _check_stream_checkpoint(
             "gone, so Spark would number micro-batches from 0 again and iterflow would "
             "skip them. Delete the whole location to start over"
         )
+    rewind(spark, f"{location}/{STREAM_DIR}", loop.batch_id)
     if stream_started or resumed_from is not None:
         # A crashed attempt wrote these epochs after the last commit; this start may run
         # them on other rows (or not at all).

@@ -89,7 +89,9 @@ class UnboundedQuery:
 
     @property
     def status(self) -> dict[str, Any]:
-        """What the iteration is doing now: state, last epoch, feedback in flight, stream status."""
+        """What the iteration is doing now: state, last epoch, the epoch of the last commit
+        written whole (a restart continues after it) and whether one is being written,
+        feedback in flight, stream status."""
         loop = self._loop
         if self._done.is_set():
             state = "failed" if self._error is not None else "terminated"
@@ -102,6 +104,7 @@ class UnboundedQuery:
             "state": state,
             "epoch": loop.epoch,
             "committed_epoch": loop.committed_epoch,
+            "commit_in_flight": loop.commits.in_flight,
             "batch_id": loop.batch_id,
             "feedback_rows_in_flight": loop.in_flight,
             "termination": None if self._termination is None else self._termination.reason,
@@ -118,6 +121,8 @@ class UnboundedQuery:
     def process_all_available(self) -> None:
         """Block until the rows the inputs hold now, and the work feedback they cause, are
         processed and committed (for tests and demos; Spark's ``processAllAvailable``).
+        With ``start(commit_interval_s=...)`` it does not wait for their commit, which
+        comes at that interval.
 
         Raises the error that failed the iteration, if it failed.
         """
@@ -141,7 +146,8 @@ class UnboundedQuery:
         loop = self._loop  # feedback left after the last micro-batch drains while idle
         while True:
             with loop.exclusive():
-                if loop.in_flight == 0 and loop.committed_epoch == loop.epoch:
+                committed = loop.committed_epoch == loop.epoch
+                if loop.in_flight == 0 and (committed or loop.options.commit_interval_s):
                     return
             if self._done.wait(POLL_S):
                 self.await_termination()
@@ -198,8 +204,12 @@ class UnboundedQuery:
                     raise loop.error from loop.error.__cause__  # the round's own error, as raised
                 if not self._available_now and not loop.stopping.is_set() and loop.in_flight > 0:
                     loop.drain_idle()
+                if not loop.stopping.is_set():
+                    loop.commit_idle()
             if not loop.stopping.is_set():
                 loop.finish()  # drains every epoch left, unless stop() comes first
+            else:
+                loop.flush()  # the commits in flight, and one of the last epoch
             ended = "stopped" if loop.stopping.is_set() else "inputs_ended"
             self._termination = loop.terminate(ended)
         except BaseException as exc:
