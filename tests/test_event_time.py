@@ -296,7 +296,8 @@ def per_window_sum(events, ctx):
     )
 
 
-def test_window_state_and_watermarks_survive_a_stop_and_restart(spark, tmp_path):
+@pytest.mark.parametrize("commit_interval_s", [None, 0.5])
+def test_window_state_and_watermarks_survive_a_stop_and_restart(spark, tmp_path, commit_interval_s):
     files = [[{"t": 3 * f + i, "v": 10 * f + i} for i in range(3)] for f in range(6)]
     write_rows(tmp_path / "in", files)
     sink = itf.FileSink(str(tmp_path / "sums"))
@@ -317,6 +318,7 @@ def test_window_state_and_watermarks_survive_a_stop_and_restart(spark, tmp_path)
                 checkpoint_location=str(tmp_path / "ckpt"),
                 progress=False,
                 event_log=str(log),
+                commit_interval_s=commit_interval_s,
                 **options,
             )
         )
