@@ -18,8 +18,9 @@ are integer microseconds since the Unix epoch; a watermark may also be -inf or +
 - After the epoch the state keeps only the windows with ``w.end + lateness > W``.
 - Sessions: windows of the same key that strictly overlap merge into one from the
   earliest start to the latest end (touching ones stay apart). A merge that changes
-  a window's bounds makes a new window (whose first firing is pane 0); new rows
-  inside a window's bounds are an update of it.
+  a window's bounds makes a new window whose firings go on from the panes of the
+  windows it merged (a fired session grown by a late row fires as an update); new
+  rows inside a window's bounds are an update of it.
 """
 
 from __future__ import annotations
@@ -185,8 +186,9 @@ class WindowStep:
             start, end = _bounds((old, new))
             if len(old) == 1 and (old[0].start, old[0].end) == (start, end):
                 w = old[0]  # no new rows, or new rows inside its bounds: an update
-            else:  # new bounds: a new window, never fired
+            else:  # new bounds: a merged window; its firings go on from its parts'
                 w = Window(start, end, [row for o in old for row in o.rows], unemitted=True)
+                w.panes = max((o.panes for o in old), default=0)
             if new:
                 w.rows.extend(row for n in new for row in n.rows)
                 w.unemitted = True

@@ -609,7 +609,7 @@ def _assigned(timed: DataFrame, window: WindowFn, columns: list[str]) -> DataFra
         )
     if isinstance(window, SessionWindows):
         return timed.withColumn(WS, ts).withColumn(WE, ts + F.lit(window.gap_us))
-    assign = F.udf(window.assigned_us, _BOUNDS)
+    assign = F.udf(lambda ts, row: window.assigned_us(ts, row), _BOUNDS)  # no type hints
     bounds = "_iterflow_bounds"
     return (
         timed.withColumn(bounds, F.explode(assign(ts, F.struct(*map(_quoted, columns)))))
