@@ -36,7 +36,18 @@ written in the background at most every 5 seconds (``commit_interval_s=5``,
 the synchronous variant (what its commit costs per epoch). Target: async / sync,
 median epoch, <= 0.8. It writes ``bench_unbounded.commits.json``.
 
-    python benchmarks/bench_unbounded.py [--quick] [--commits]
+``--commits --keyed`` runs the same comparison on a workload whose commits cost
+something: a streaming per-key running aggregate. Its state variable ``counts``
+(key, n, total) holds all 100,000 keys from the start, more than the 10,000 rows a
+commit keeps inline (``epoch_log.INLINE_ROWS``), so every commit writes it as
+parquet (a Spark write job). The input is 40 JSON-lines files of 5,000 events (key,
+value), keys uniform over the 100,000 (fixed seed), one file per micro-batch and
+epoch; each epoch adds the epoch's per-key count and sum to ``counts`` (a union of
+the two and a ``groupBy`` sum: every key stays). The body does nothing else and has
+no work variable. Every run's final counts must match a numpy reference computed
+from the files. It writes ``bench_unbounded.commits_keyed.json``.
+
+    python benchmarks/bench_unbounded.py [--quick] [--commits [--keyed]]
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -65,6 +77,7 @@ from _common import (
 )
 from _online_kmeans import batch_sums
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryListener
 
 import iterflow as itf
@@ -75,6 +88,7 @@ from iterflow.demo.online_kmeans import (
     initial_model,
     online_kmeans_step,
 )
+from iterflow.unbounded import epoch_log
 
 TARGET = 1.2
 VARIANTS = ("plain", "plain-df", "iterflow")
@@ -88,6 +102,11 @@ SEED = 2026
 TOLERANCE = 1e-9
 #: Streaming progress durations recorded per micro-batch (``durationMs`` keys).
 PHASES = ("triggerExecution", "addBatch", "latestOffset", "getBatch", "queryPlanning", "walCommit")
+#: ``--commits --keyed``: the keys of the running aggregate (all in the state from the start),
+#: the input's rows and the state's rows.
+KEYS = 100_000
+EVENTS_SCHEMA = "key LONG, value DOUBLE"
+COUNTS_SCHEMA = "key LONG, n LONG, total DOUBLE"
 
 
 class Workload(NamedTuple):
@@ -95,7 +114,7 @@ class Workload(NamedTuple):
 
     folder: Path
     files: int
-    points_per_file: int
+    rows_per_file: int  # points
     initial: np.ndarray
 
 
@@ -303,7 +322,7 @@ def run_iterflow(
     total_s = time.perf_counter() - start - final.read_s
     assert final.centers is not None
     epochs = handle.progress
-    if [p.input_rows["points"] for p in epochs] != [w.points_per_file] * w.files:
+    if [p.input_rows["points"] for p in epochs] != [w.rows_per_file] * w.files:
         raise RuntimeError("the epochs do not match the files")
     return total_s, final.centers, {"duration_s": [p.duration_s for p in epochs]}
 
@@ -314,12 +333,135 @@ def run_iterflow_async(
     return run_iterflow(spark, w, location, COMMIT_INTERVAL_S)
 
 
-RUNNERS = {
+#: A variant: runs over a workload's files in a fresh checkpoint location; returns its
+#: total seconds, its final result (for the comparison of the variants) and what it recorded.
+Runner = Callable[[SparkSession, Any, Path], tuple[float, Any, dict[str, Any]]]
+
+RUNNERS: dict[str, Runner] = {
     "plain": run_plain,
     "plain-df": run_plain_df,
     "iterflow": run_iterflow,
     "iterflow-async": run_iterflow_async,
 }
+
+
+# -- --commits --keyed: a running per-key aggregate with a large state -------------------
+
+
+class KeyedWorkload(NamedTuple):
+    """The event files every keyed run reads, and the final counts they must end with."""
+
+    folder: Path
+    files: int
+    rows_per_file: int  # events
+    n: np.ndarray  # the reference: events per key, over all files
+    total: np.ndarray  # sum of the values per key
+
+
+def write_events(folder: Path, files: int, per_file: int, seed: int) -> KeyedWorkload:
+    """Write ``files`` JSON-lines files of ``per_file`` events (key, value) into ``folder``.
+
+    Keys are uniform over ``KEYS``, values standard normal. The modification times are
+    one second apart in file order, as in ``write_points``. The reference counts are
+    added up file by file, as the epochs do.
+    """
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    start = time.time() - files - 60
+    n = np.zeros(KEYS, dtype=np.int64)
+    total = np.zeros(KEYS)
+    for index in range(files):
+        keys = rng.integers(0, KEYS, size=per_file)
+        values = rng.normal(0.0, 1.0, size=per_file)
+        n += np.bincount(keys, minlength=KEYS)
+        total += np.bincount(keys, weights=values, minlength=KEYS)
+        path = folder / f"events-{index:04d}.json"
+        with path.open("w", encoding="utf-8") as out:
+            out.writelines(
+                json.dumps({"key": key, "value": value}) + "\n"
+                for key, value in zip(keys.tolist(), values.tolist(), strict=True)
+            )
+        os.utime(path, (start + index, start + index))
+    return KeyedWorkload(folder, files, per_file, n, total)
+
+
+def event_stream(spark: SparkSession, folder: Path) -> DataFrame:
+    return spark.readStream.schema(EVENTS_SCHEMA).option("maxFilesPerTrigger", 1).json(str(folder))
+
+
+@itf.body
+def keyed_counts(counts: DataFrame, events: DataFrame) -> itf.Declaration:
+    """Add the epoch's count and sum per key to ``counts``; every key stays."""
+    added = events.groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("total"))
+    new_counts = (
+        counts.unionByName(added)
+        .groupBy("key")
+        .agg(F.sum("n").alias("n"), F.sum("total").alias("total"))
+    )
+    return itf.Declaration(feedback={"counts": new_counts}, outputs={"counts": new_counts})
+
+
+def initial_counts(spark: SparkSession) -> DataFrame:
+    """Every key with n = 0 and total = 0.0."""
+    return spark.range(KEYS).select(
+        F.col("id").alias("key"), F.lit(0).cast("long").alias("n"), F.lit(0.0).alias("total")
+    )
+
+
+class FinalCounts(itf.RoundListener):
+    """Reads the last epoch's counts once the iteration has ended (timed, to leave it out)."""
+
+    def __init__(self) -> None:
+        self.counts: tuple[np.ndarray, np.ndarray] | None = None
+        self.read_s = 0.0
+
+    def on_iteration_terminated(self, ctx: itf.IterationEnd) -> None:
+        clock = time.perf_counter()
+        table = ctx.outputs["counts"].toArrow().sort_by("key")
+        if table.column("key").to_pylist() != list(range(KEYS)):
+            raise RuntimeError("the final counts do not hold every key once")
+        self.counts = (table.column("n").to_numpy(), table.column("total").to_numpy())
+        self.read_s = time.perf_counter() - clock
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # nothing to checkpoint
+
+
+def run_keyed(
+    spark: SparkSession, w: KeyedWorkload, location: Path, commit_interval_s: float | None = None
+) -> tuple[float, tuple[np.ndarray, np.ndarray], dict[str, Any]]:
+    counts0 = initial_counts(spark)
+    stream = event_stream(spark, w.folder)
+    final = FinalCounts()
+    start = time.perf_counter()
+    handle = (
+        itf.UnboundedIteration(keyed_counts)
+        .bind("counts", counts0, state=True)
+        .bind("events", stream)
+        .listen(final)
+        .start(
+            checkpoint_location=str(location),
+            available_now=True,
+            progress=False,
+            commit_interval_s=commit_interval_s,
+        )
+    )
+    handle.await_termination()
+    total_s = time.perf_counter() - start - final.read_s
+    assert final.counts is not None
+    epochs = handle.progress
+    if [p.input_rows["events"] for p in epochs] != [w.rows_per_file] * w.files:
+        raise RuntimeError("the epochs do not match the files")
+    return total_s, final.counts, {"duration_s": [p.duration_s for p in epochs]}
+
+
+def run_keyed_async(
+    spark: SparkSession, w: KeyedWorkload, location: Path
+) -> tuple[float, tuple[np.ndarray, np.ndarray], dict[str, Any]]:
+    return run_keyed(spark, w, location, COMMIT_INTERVAL_S)
+
+
+KEYED_RUNNERS: dict[str, Runner] = {"iterflow": run_keyed, "iterflow-async": run_keyed_async}
 
 #: The breakdown run times these functions (module where defined, name, what it is).
 #: Indented labels run inside the one above. They are iterflow's internals: a probe,
@@ -338,9 +480,13 @@ PROBES = (
     ("iterflow.progress.listeners", "ListenerSet.round_end", "    listeners"),
     ("iterflow.runtime.materialize", "release", "    release the previous epoch"),
     ("iterflow.unbounded.committer", "Committer.commit", "  commit"),
-    ("iterflow.runtime.checkpoint", "snapshot", "    pickle the driver state"),
+    ("iterflow.unbounded.epoch_log", "take", "    take the snapshot"),
+    ("iterflow.runtime.checkpoint", "snapshot", "      pickle the driver state"),
     ("iterflow.runtime.checkpoint", "CheckpointStore.write", "    write the epoch's files"),
+    ("pyspark.sql.readwriter", "DataFrameWriter.parquet", "      parquet (a Spark job each)"),
 )
+#: The keyed workload has no k-means model to collect.
+KEYED_PROBES = tuple(probe for probe in PROBES if probe[0] != "iterflow.demo.online_kmeans")
 
 
 def probed(label: str, fn: Any, calls: dict[str, list[float]]) -> Any:
@@ -380,20 +526,52 @@ def patch(module_name: str, path: str, wrap: Any) -> list[tuple[Any, str, Any]]:
     return [(holder, attr, original) for holder, attr in holders]
 
 
-def breakdown(spark: SparkSession, progress: ProgressLog, w: Workload) -> dict[str, Any]:
-    """One more iterflow run with every function in ``PROBES`` timed: seconds per epoch."""
+def unpatch(patched: list[tuple[Any, str, Any]]) -> None:
+    """Put back what ``patch`` replaced."""
+    for owner, name, original in reversed(patched):
+        setattr(owner, name, original)
+
+
+def counting_commits(runner: Runner) -> Runner:
+    """``runner``, also recording every commit it writes (``epoch_log.write``, on the loop's
+    thread or in the background): how many, and how long each took to write."""
+
+    def run(spark: SparkSession, w: Any, location: Path) -> tuple[float, Any, dict[str, Any]]:
+        calls: dict[str, list[float]] = {"write": []}
+        patched = patch(
+            "iterflow.unbounded.epoch_log", "write", lambda fn: probed("write", fn, calls)
+        )
+        if not patched:
+            raise RuntimeError("iterflow.unbounded.epoch_log.write not found")
+        try:
+            total_s, final, extra = runner(spark, w, location)
+        finally:
+            unpatch(patched)
+        return total_s, final, {**extra, "commit_write_s": calls["write"]}
+
+    return run
+
+
+def breakdown(
+    spark: SparkSession,
+    progress: ProgressLog,
+    w: Any,
+    runner: Runner = run_iterflow,
+    probes: tuple[tuple[str, str, str], ...] = PROBES,
+) -> dict[str, Any]:
+    """One more run of ``runner`` (iterflow, synchronous commits) with every function in
+    ``probes`` timed: seconds per epoch."""
     calls: dict[str, list[float]] = {}
     patched: list[tuple[Any, str, Any]] = []
-    for module_name, path, label in PROBES:
+    for module_name, path, label in probes:
         done = patch(module_name, path, lambda fn, label=label: probed(label, fn, calls))
         if done:
             calls[label] = []
         patched += done
     try:
-        run = measure(spark, progress, "iterflow (timed functions)", "iterflow", w)
+        run = measure(spark, progress, "iterflow (timed functions)", runner, w)
     finally:
-        for owner, name, original in reversed(patched):
-            setattr(owner, name, original)
+        unpatch(patched)
     per_epoch = {label: sum(times) / w.files for label, times in calls.items()}
     return {
         "per_epoch_s": per_epoch,
@@ -404,7 +582,7 @@ def breakdown(spark: SparkSession, progress: ProgressLog, w: Workload) -> dict[s
         "trigger_s_mean": sum(run["epoch_s"]) / w.files,
         "total_s": run["total_s"],
         "jobs_per_epoch": run["jobs"] / w.files,
-        "centers": run["centers"],
+        "final": run["final"],
     }
 
 
@@ -431,25 +609,27 @@ def scan_costs(spark: SparkSession, w: Workload, files: int = 10) -> dict[str, f
 
 
 def measure(
-    spark: SparkSession, progress: ProgressLog, label: str, variant: str, w: Workload
+    spark: SparkSession, progress: ProgressLog, label: str, runner: Runner, w: Any
 ) -> dict[str, Any]:
-    """One run of ``variant`` in a fresh checkpoint location: its times, jobs and centers."""
+    """One run of ``runner`` over workload ``w`` (a ``Workload`` or a ``KeyedWorkload``) in
+    a fresh checkpoint location: its times, jobs and final result."""
     settle(spark)
+    tag = "unbounded-" + "".join(c if c.isalnum() else "-" for c in label)
     with tempfile.TemporaryDirectory(prefix="iterflow-bench-") as tmp:
-        before = last_job_id(spark, f"unbounded-{variant}-before")
+        before = last_job_id(spark, f"{tag}-before")
         progress.reset()
-        total_s, centers, extra = RUNNERS[variant](spark, w, Path(tmp) / "checkpoint")
+        total_s, final, extra = runner(spark, w, Path(tmp) / "checkpoint")
         batches = progress.wait()
-        after = last_job_id(spark, f"unbounded-{variant}-after")
-    if len(batches) != w.files or sum(b["rows"] for b in batches) != w.files * w.points_per_file:
-        raise RuntimeError(f"{label}: expected {w.files} micro-batches of all points: {batches}")
+        after = last_job_id(spark, f"{tag}-after")
+    if len(batches) != w.files or sum(b["rows"] for b in batches) != w.files * w.rows_per_file:
+        raise RuntimeError(f"{label}: expected {w.files} micro-batches of all rows: {batches}")
     run: dict[str, Any] = {
         "total_s": total_s,
         "epochs": len(batches),
         "jobs": after - before - 1,
         "epoch_s": [b["triggerExecution"] for b in batches],
         "phases_s": {phase: [b[phase] for b in batches] for phase in PHASES},
-        "centers": centers.tolist(),
+        "final": final,
         **extra,
     }
     log(
@@ -472,35 +652,144 @@ def parse_args() -> argparse.Namespace:
         help="iterflow with commit_interval_s=None against commit_interval_s=5 "
         "(bench_unbounded.commits.json)",
     )
-    return parser.parse_args()
+    parser.add_argument(
+        "--keyed",
+        action="store_true",
+        help="with --commits: on a running per-key aggregate of 100,000 keys instead of "
+        "k-means (bench_unbounded.commits_keyed.json; --quick: 8 files of 2,000 events)",
+    )
+    args = parser.parse_args()
+    if args.keyed and not args.commits:
+        parser.error("--keyed goes with --commits")
+    return args
+
+
+def commits_keyed(quick: bool) -> None:
+    """``--commits --keyed``: write the event files, compare, write the result file."""
+    if quick:
+        files, per_file, warm_files, repetitions = 8, 2_000, 2, 1
+    else:
+        files, per_file, warm_files, repetitions = 40, 5_000, 10, 3
+    spark = start_session()
+    progress = ProgressLog()
+    spark.streams.addListener(progress)
+    data = Path(tempfile.mkdtemp(prefix="iterflow-bench-events-"))
+    try:
+        clock = time.perf_counter()
+        w = write_events(data / "events", files, per_file, SEED)
+        warm = write_events(data / "warm-up", warm_files, per_file, SEED + 1)
+        input_bytes = sum(p.stat().st_size for p in w.folder.iterdir())
+        log(
+            f"wrote {files} files of {per_file} events ({input_bytes / 1e6:.1f} MB) in "
+            f"{time.perf_counter() - clock:.1f} s"
+        )
+        results = compare_commits(
+            spark,
+            progress,
+            w,
+            warm,
+            repetitions,
+            title=f"running count and sum of {KEYS} keys, {files} files x {per_file} events",
+            runners=KEYED_RUNNERS,
+            agree=counts_agree(w),
+            probes=KEYED_PROBES,
+        )
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+    finish(
+        spark,
+        "bench_unbounded.commits_keyed",
+        quick,
+        results,
+        keys=KEYS,
+        state_rows=KEYS,
+        inline_rows=epoch_log.INLINE_ROWS,
+        seed=SEED,
+        files=files,
+        events_per_file=per_file,
+        events_schema=EVENTS_SCHEMA,
+        counts_schema=COUNTS_SCHEMA,
+        input_bytes=input_bytes,
+        max_files_per_trigger=1,
+        trigger="availableNow",
+        repetitions=repetitions,
+        warm_up_files=warm_files,
+        body="counts.unionByName(events.groupBy('key').agg(count, sum(value)))"
+        ".groupBy('key').agg(sum(n), sum(total))",
+        iterflow="UnboundedIteration(keyed_counts).bind('counts', counts0, state=True)"
+        ".bind('events', stream).start(available_now=True, progress=False, "
+        "commit_interval_s=None | 5)",
+    )
+
+
+def centers_agree(finals: list[Any]) -> dict[str, Any]:
+    """``--commits``: every run ends with the same centers (within ``TOLERANCE``)."""
+    reference = np.array(finals[0])
+    max_difference = max(float(np.abs(np.array(c) - reference).max()) for c in finals)
+    assert max_difference <= TOLERANCE, f"final centers differ by {max_difference}"
+    return {"final_centers_max_abs_difference": max_difference}
+
+
+def counts_agree(w: KeyedWorkload) -> Callable[[list[Any]], dict[str, Any]]:
+    """``--commits --keyed``: every run ends with the reference counts (totals within
+    ``TOLERANCE``)."""
+
+    def check(finals: list[Any]) -> dict[str, Any]:
+        n_mismatches = max(int((n != w.n).sum()) for n, _ in finals)
+        max_difference = max(float(np.abs(total - w.total).max()) for _, total in finals)
+        assert n_mismatches == 0, f"final counts differ from the reference for {n_mismatches} keys"
+        assert max_difference <= TOLERANCE, f"final totals differ by {max_difference}"
+        return {
+            "final_counts_runs_checked": len(finals),
+            "final_counts_n_mismatches": n_mismatches,
+            "final_counts_total_max_abs_difference": max_difference,
+        }
+
+    return check
 
 
 def compare_commits(
-    spark: SparkSession, progress: ProgressLog, w: Workload, warm: Workload, repetitions: int
+    spark: SparkSession,
+    progress: ProgressLog,
+    w: Any,
+    warm: Any,
+    repetitions: int,
+    *,
+    title: str,
+    runners: dict[str, Runner],
+    agree: Callable[[list[Any]], dict[str, Any]],
+    probes: tuple[tuple[str, str, str], ...] = PROBES,
 ) -> dict[str, Any]:
-    """``--commits``: iterflow's epochs with commits before each micro-batch returns and in
-    the background, and what the synchronous commit costs per epoch."""
+    """``--commits``: iterflow's epochs over workload ``w`` with commits before each
+    micro-batch returns (``runners["iterflow"]``) and in the background
+    (``runners["iterflow-async"]``), and what the synchronous commit costs per epoch.
+
+    ``agree`` gets the final results of every measured run and of the timed run; it raises
+    when they do not agree and returns what it found."""
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
+    runners = {variant: counting_commits(runners[variant]) for variant in COMMIT_VARIANTS}
     log(f"warm-up: one run of each variant over {warm.files} files")
     for variant in COMMIT_VARIANTS:
-        measure(spark, progress, f"{variant} (warm-up)", variant, warm)
+        measure(spark, progress, f"{variant} (warm-up)", runners[variant], warm)
     log(f"{w.files} epochs, {repetitions} runs of each variant")
     sequence, runs = alternate(
         COMMIT_VARIANTS,
         repetitions,
-        lambda variant: measure(spark, progress, variant, variant, w),
+        lambda variant: measure(spark, progress, variant, runners[variant], w),
     )
     log("breakdown: one more run with synchronous commits and its epoch's steps timed")
-    timed = breakdown(spark, progress, w)
-    finals = [r["centers"] for rs in runs.values() for r in rs]
-    reference = np.array(finals[0])
-    max_difference = max(float(np.abs(np.array(c) - reference).max()) for c in finals)
-    assert max_difference <= TOLERANCE, f"final centers differ by {max_difference}"
+    timed = breakdown(spark, progress, w, runners["iterflow"], probes)
+    checked = agree([r["final"] for rs in runs.values() for r in rs] + [timed["final"]])
     summary = {
         variant: {
             "total_s_median": median([r["total_s"] for r in rs]),
             "epoch_s_median": median([median(r["epoch_s"]) for r in rs]),
+            "epoch_s_median_per_run": [median(r["epoch_s"]) for r in rs],
             "add_batch_s_median": median([median(r["phases_s"]["addBatch"]) for r in rs]),
             "duration_s_median": median([median(r["duration_s"]) for r in rs]),
+            "jobs_per_epoch": median([r["jobs"] for r in rs]) / w.files,
+            "commits_written_median": median([len(r["commit_write_s"]) for r in rs]),
+            "commit_write_s_median": median([t for r in rs for t in r["commit_write_s"]]),
         }
         for variant, rs in runs.items()
     }
@@ -509,6 +798,7 @@ def compare_commits(
     results = {
         "target": COMMIT_TARGET,
         "commit_interval_s": COMMIT_INTERVAL_S,
+        "load_average_1_5_15_at_start": load_at_start,
         "sequence": sequence,
         "summary": summary,
         "ratio_async_over_sync": {
@@ -517,11 +807,10 @@ def compare_commits(
             "total": background["total_s_median"] / sync["total_s_median"],
         },
         "sync_commit_per_epoch_s": per_epoch.get("  commit"),
-        "breakdown_sync": {k: v for k, v in timed.items() if k != "centers"},
-        "final_centers_max_abs_difference": max_difference,
+        "breakdown_sync": {k: v for k, v in timed.items() if k != "final"},
+        **checked,
         "runs": {
-            v: [{k: x for k, x in r.items() if k != "centers"} for r in rs]
-            for v, rs in runs.items()
+            v: [{k: x for k, x in r.items() if k != "final"} for r in rs] for v, rs in runs.items()
         },
     }
     ratio = results["ratio_async_over_sync"]
@@ -531,17 +820,28 @@ def compare_commits(
             (f"{variant}: total (s)", s["total_s_median"]),
             (f"{variant}: median epoch, triggerExecution (s)", s["epoch_s_median"]),
             (f"{variant}: median epoch, addBatch (s)", s["add_batch_s_median"]),
+            (f"{variant}: jobs per epoch", s["jobs_per_epoch"]),
+            (f"{variant}: commits written", s["commits_written_median"]),
+            (f"{variant}: median time to write one commit (s)", s["commit_write_s_median"]),
         ]
     rows += [
         (f"async / sync, median epoch (target <= {COMMIT_TARGET})", ratio["epoch_median"]),
         ("async / sync, median addBatch", ratio["add_batch_median"]),
         ("async / sync, total", ratio["total"]),
         ("sync: commit per epoch, timed run (s)", results["sync_commit_per_epoch_s"]),
+        *checked.items(),
     ]
     print_table(
-        f"online k-means, {w.files} files x {w.points_per_file} points, commits before each "
-        f"micro-batch returns vs every {COMMIT_INTERVAL_S:g} s in the background "
-        f"(medians of {repetitions} runs)",
+        f"synchronous commits, one run with its steps timed: seconds per epoch (mean of {w.files})",
+        [
+            ("micro-batch (triggerExecution)", timed["trigger_s_mean"]),
+            ("foreachBatch (addBatch)", timed["add_batch_s_mean"]),
+            *per_epoch.items(),
+        ],
+    )
+    print_table(
+        f"{title}, commits before each micro-batch returns vs every {COMMIT_INTERVAL_S:g} s "
+        f"in the background (medians of {repetitions} runs)",
         rows,
     )
     return results
@@ -549,6 +849,9 @@ def compare_commits(
 
 def main() -> None:
     args = parse_args()
+    if args.keyed:
+        commits_keyed(args.quick)
+        return
     if args.quick:
         files, per_file, warm_files, repetitions = 10, 2_000, 3, 1
     else:
@@ -576,7 +879,16 @@ def main() -> None:
         )
 
         if args.commits:
-            commits = compare_commits(spark, progress, w, warm, repetitions)
+            commits = compare_commits(
+                spark,
+                progress,
+                w,
+                warm,
+                repetitions,
+                title=f"online k-means, {w.files} files x {w.rows_per_file} points",
+                runners=RUNNERS,
+                agree=centers_agree,
+            )
             finish(
                 spark,
                 "bench_unbounded.commits",
@@ -600,10 +912,12 @@ def main() -> None:
             return
         log(f"warm-up: one run of each variant over {warm_files} files")
         for variant in VARIANTS:
-            measure(spark, progress, f"{variant} (warm-up)", variant, warm)
+            measure(spark, progress, f"{variant} (warm-up)", RUNNERS[variant], warm)
         log(f"{files} epochs, {repetitions} runs of each variant")
         sequence, runs = alternate(
-            VARIANTS, repetitions, lambda variant: measure(spark, progress, variant, variant, w)
+            VARIANTS,
+            repetitions,
+            lambda variant: measure(spark, progress, variant, RUNNERS[variant], w),
         )
         log("breakdown: one more iterflow run with its epoch's steps timed")
         timed = breakdown(spark, progress, w)
@@ -612,8 +926,8 @@ def main() -> None:
     finally:
         shutil.rmtree(data, ignore_errors=True)
 
-    reference = np.array(runs["plain"][0]["centers"])
-    finals = [r["centers"] for rs in runs.values() for r in rs] + [timed.pop("centers")]
+    reference = np.array(runs["plain"][0]["final"])
+    finals = [r["final"] for rs in runs.values() for r in rs] + [timed.pop("final")]
     differences = [float(np.abs(np.array(c) - reference).max()) for c in finals]
     max_difference = max(differences)
     assert max_difference <= TOLERANCE, f"final centers differ by {max_difference}"
@@ -661,8 +975,7 @@ def main() -> None:
         "final_centers_max_abs_difference": max_difference,
         "final_centers": reference.tolist(),
         "runs": {
-            v: [{k: x for k, x in r.items() if k != "centers"} for r in rs]
-            for v, rs in runs.items()
+            v: [{k: x for k, x in r.items() if k != "final"} for r in rs] for v, rs in runs.items()
         },
     }
     ratio = results["ratio_iterflow_over_plain"]
