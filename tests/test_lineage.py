@@ -50,8 +50,13 @@ def test_plan_size_and_persisted_rdds_stay_flat_over_sixty_rounds(spark: SparkSe
     assert result.rounds == 60
     assert nodes[59] <= nodes[5]
     assert nodes[5:] == [nodes[5]] * 55  # identical shape every round
-    assert persisted[59] == persisted[4]
-    assert max(persisted[4:]) == persisted[4]
+    if is_connect(spark):
+        # A Connect server frees released checkpoints when its JVM collects them: the
+        # count wobbles by those not collected yet, but does not grow with the rounds.
+        assert max(persisted[30:]) <= max(persisted[4:10])
+    else:
+        assert persisted[59] == persisted[4]
+        assert max(persisted[4:]) == persisted[4]
     # Statistics do not compound either: 200 rows of (id long, v double) plus row overhead
     # (over Connect, the size of the cache the checkpoint was made from).
     if is_connect(spark):
