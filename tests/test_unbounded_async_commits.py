@@ -44,7 +44,6 @@ def iterflow_committed(epochs: Path) -> int:
     return int(driver.stream.batch_id)
 
 
-@pytest.mark.slow_spark  # two child processes with their own Spark: 1 to 1.5 minutes
 def test_a_killed_stream_with_background_commits_replays_what_spark_committed_after_them(
     spark, tmp_path: Path
 ):
