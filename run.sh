@@ -14,7 +14,7 @@ python=${PYTHON:-python3}
 oldest_pyspark=4.0.0
 oldest_tests=(tests/test_bounded_semantics.py tests/test_termination.py tests/test_lineage.py
   tests/test_errors.py tests/test_pagerank.py tests/test_checkpoints.py tests/test_columnar.py
-  tests/test_connect.py tests/test_ml_kmeans.py tests/test_resident.py)
+  tests/test_connect.py tests/test_ml_kmeans.py tests/test_resident.py tests/test_event_time.py)
 
 if ! command -v java >/dev/null 2>&1; then
   echo "run.sh: Java (17 or newer) is needed by Spark and was not found on PATH" >&2
