@@ -10,10 +10,11 @@ restart continues from the last commit written whole."""
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from iterflow.errors import IterflowValueError
@@ -66,14 +67,8 @@ class Snapshot:
 def take(loop: EpochLoop) -> Snapshot:
     """What a commit after the last epoch run writes (its data pinned until ``write``)."""
     rows, tables = loop.cycle.variables.rows, loop.cycle.variables.tables
-    inline: dict[str, tuple[str, Any]] = {}
-    written: dict[str, DataFrame] = {}
-    for name, df in loop.pending.items():
-        if name in tables or rows[name] <= INLINE_ROWS:
-            table = tables.get(name)
-            inline[name] = (df.schema.json(), df.toArrow() if table is None else table)
-        else:
-            written[name] = df
+    small = {name for name in loop.pending if name in tables or rows[name] <= INLINE_ROWS}
+    inline, written = _packed(loop.pending, small, tables)
     event_time, states = _event_time(loop)
     position = StreamPosition(
         epoch=loop.epoch,
@@ -109,16 +104,41 @@ def _event_time(loop: EpochLoop) -> tuple[dict[str, Any] | None, dict[str, DataF
     if timing is None:
         return None, {}
     snapshot = timing.snapshot()
-    small = {name for name, marks in timing.steps.items() if marks.state_rows <= INLINE_ROWS}
-    inline, written = {}, {}
-    for step, parts in timing.frames.items():
-        for part, df in parts.items():
-            if step in small:
-                inline[stored_name(step, part)] = (df.schema.json(), df.toArrow())
-            else:
-                written[stored_name(step, part)] = df
-    snapshot["inline"] = inline
+    small = {
+        stored_name(step, part)
+        for step, parts in timing.frames.items()
+        if timing.steps[step].state_rows <= INLINE_ROWS
+        for part in parts
+    }
+    snapshot["inline"], written = _packed(timing.state_frames(), small)
     return snapshot, written
+
+
+def _packed(
+    frames: Mapping[str, DataFrame],
+    small: Collection[str],
+    tables: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, tuple[str, Any]], dict[str, DataFrame]]:
+    """The ``small`` ones of ``frames`` inline, as their schema's JSON and a pyarrow Table
+    (the one in ``tables``, rows on the driver already, else collected); the others to
+    write as parquet."""
+    inline: dict[str, tuple[str, Any]] = {}
+    written: dict[str, DataFrame] = {}
+    for name, df in frames.items():
+        if name in small:
+            table = (tables or {}).get(name)
+            inline[name] = (df.schema.json(), df.toArrow() if table is None else table)
+        else:
+            written[name] = df
+    return inline, written
+
+
+def _unpacked(spark: SparkSession, inline: Mapping[str, tuple[str, Any]]) -> dict[str, DataFrame]:
+    """The frames ``_packed`` put inline, as local DataFrames again."""
+    return {
+        name: local_frame(spark, table, StructType.fromJson(json.loads(schema)))
+        for name, (schema, table) in inline.items()
+    }
 
 
 def restore(loop: EpochLoop) -> int | None:
@@ -136,13 +156,9 @@ def restore(loop: EpochLoop) -> int | None:
         )
     loop.loop.load(driver)
     loop.loop.observers.metrics.restore(driver.metrics)
-    inline = {
-        name: local_frame(loop.spark, table, StructType.fromJson(json.loads(schema)))
-        for name, (schema, table) in position.inline.items()
-    }
     loop.pending = {
         name: loop.loop.check.aligned(name, df)
-        for name, df in {**checkpoint.variables, **inline}.items()
+        for name, df in {**checkpoint.variables, **_unpacked(loop.spark, position.inline)}.items()
     }
     loop.cycle.variables.rows = dict(position.rows)
     loop.cycle.variables.tables = {name: table for name, (_, table) in position.inline.items()}
@@ -150,8 +166,6 @@ def restore(loop: EpochLoop) -> int | None:
     loop.batch_id = position.batch_id
     loop.commits.committed = Committed(epoch=position.epoch, batch_id=position.batch_id)
     if loop.event_time is not None and position.event_time is not None:
-        states = dict(checkpoint.outputs)
-        for name, (schema, table) in position.event_time["inline"].items():
-            states[name] = local_frame(loop.spark, table, StructType.fromJson(json.loads(schema)))
+        states = {**checkpoint.outputs, **_unpacked(loop.spark, position.event_time["inline"])}
         loop.event_time.restore(position.event_time, states)
     return checkpoint.epoch

@@ -44,6 +44,7 @@ from pyspark.sql import functions as F
 from iterflow.errors import IterflowValueError
 from iterflow.runtime.event_steps import EpochSteps, PreviousStep, StepOutcome
 from iterflow.runtime.materialize import Materialized
+from iterflow.runtime.schema import quoted
 from iterflow.windows import MAX_US, MIN_US, to_datetime
 
 #: Metric names riding on the epoch's jobs.
@@ -153,14 +154,14 @@ class EventTime:
         if name not in self.sources:
             return []
         column = self.columns[name]
-        return [F.max(F.unix_micros(F.col(_q(column)))).alias(MAX_EVENT)]
+        return [F.max(F.unix_micros(quoted(column))).alias(MAX_EVENT)]
 
     def feedback_metrics(
         self, feedback: Mapping[str, DataFrame], work: Callable[[str], bool]
     ) -> dict[int, list[Column]]:
         """What to aggregate over the work feedback whose rows keep their event time."""
         return {
-            id(df): [F.min(F.unix_micros(F.col(_q(self.columns[name])))).alias(MIN_EVENT)]
+            id(df): [F.min(F.unix_micros(quoted(self.columns[name]))).alias(MIN_EVENT)]
             for name, df in feedback.items()
             if name in self.columns and work(name) and self.columns[name] in df.columns
         }
@@ -266,7 +267,3 @@ class EventTime:
 def stored_name(step: str, part: str) -> str:
     """The name a step's state part is committed under (step names are identifiers)."""
     return f"{step}__{part}"
-
-
-def _q(column: str) -> str:
-    return "`" + column.replace("`", "``") + "`"
