@@ -36,6 +36,7 @@ from pyspark.sql.streaming import StreamingQuery
 from iterflow.records import RoundProgress
 from iterflow.runtime.files import Files, files_for
 from iterflow.runtime.jvm import HadoopFiles, file_sources, stream_checkpoint, time_setting_ms
+from iterflow.unbounded.source_log import log_entries, log_files
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,6 @@ DRAIN_WINDOW = 10
 #: Read options with which the files a source takes are not the files under its path.
 _UNMODELLED = ("modifiedbefore", "modifiedafter")
 _GLOB = re.compile(r"[{}\[\]*?\\]")
-_LOG_FILE = re.compile(r"(\d+)(\.compact)?")
 
 
 class SourceBacklog:
@@ -231,23 +231,14 @@ class FileSourceBacklog:
 
     def _read_log(self) -> None:
         """Add the files of the micro-batches logged since the last read to ``_taken``."""
-        logged: dict[int, str] = {}
-        compacts = []
-        for name in self._files.children(self._log_dir):
-            if (match := _LOG_FILE.fullmatch(name)) is not None:
-                batch = int(match.group(1))
-                logged[batch] = name
-                if match.group(2):
-                    compacts.append(batch)
+        logged = log_files(self._files, self._log_dir)
+        compacts = [batch for batch, name in logged.items() if name.endswith(".compact")]
         newer = [b for b in sorted(logged) if b > self._read_through]
         # A compaction holds every file up to its micro-batch: the files before it are spared.
         latest = max((b for b in compacts if b > self._read_through), default=None)
         for batch in newer if latest is None else [b for b in newer if b >= latest]:
-            text = self._files.read_bytes(f"{self._log_dir}/{logged[batch]}").decode("utf-8")
-            for line in text.splitlines()[1:]:  # the first line is the log's version
-                if line.strip():
-                    entry = json.loads(line)
-                    self._taken[_local(str(entry["path"]))] = int(entry["timestamp"])
+            for _, entry in log_entries(self._files, f"{self._log_dir}/{logged[batch]}"):
+                self._taken[_local(str(entry["path"]))] = int(entry["timestamp"])
             self._read_through = batch
 
     def _present(self) -> dict[str, int] | None:

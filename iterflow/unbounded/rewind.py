@@ -27,7 +27,6 @@ state of its own (``state/``) is refused.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 
 from pyspark.sql import DataFrame, SparkSession
@@ -35,12 +34,12 @@ from pyspark.sql import DataFrame, SparkSession
 from iterflow.errors import IterflowError
 from iterflow.runtime.files import Files, files_for
 from iterflow.runtime.jvm import stream_sources
+from iterflow.unbounded.source_log import log_entries, log_files
 
 #: Sources that read again what they delivered once, from the offsets Spark recorded.
 REPLAYABLE = ("kafka", "rate", "rate-micro-batch")
 FILE_SOURCE = "FileSource["
 COMPACT_INTERVAL_CONF = "spark.sql.streaming.fileSource.log.compactInterval"
-_LOG_FILE = re.compile(r"(\d+)(\.compact)?")
 
 
 class UnreplayableStreamError(IterflowError):
@@ -133,7 +132,7 @@ def _log_offset(line: str) -> int | None:
 def _rewind_file_log(files: Files, directory: str, offset: int, default_interval: int) -> None:
     """Drop a file source's log entries after log offset ``offset``, leaving the files that
     Spark reads at ``offset`` (rebuilt from a later compaction where they are gone)."""
-    entries = _log_entries(files, directory)
+    entries = log_files(files, directory)
     later = sorted(n for n in entries if n > offset)
     if not later:
         return
@@ -151,7 +150,7 @@ def _rewind_file_log(files: Files, directory: str, offset: int, default_interval
         files.write_bytes(f"{directory}/{name}", text.encode("utf-8"), atomic=True)
     for batch in later:
         _delete(files, directory, entries[batch])
-    entries = _log_entries(files, directory)
+    entries = log_files(files, directory)
     kept = [n for n, name in entries.items() if name.endswith(".compact")]
     interval = compact_interval(kept, default_interval)
     missing = [
@@ -167,19 +166,9 @@ def _rewind_file_log(files: Files, directory: str, offset: int, default_interval
         )
 
 
-def _log_entries(files: Files, directory: str) -> dict[int, str]:
-    """Log offset -> file name of each entry of a file source log."""
-    entries: dict[int, str] = {}
-    for name in files.children(directory):
-        if (match := _LOG_FILE.fullmatch(name)) is not None:
-            entries[int(match.group(1))] = name
-    return entries
-
-
 def _entries(files: Files, path: str) -> list[tuple[str, int]]:
     """Each entry of a file source log file (its JSON line) with its log offset."""
-    lines = files.read_bytes(path).decode("utf-8").splitlines()[1:]
-    return [(line, int(json.loads(line)["batchId"])) for line in lines if line.strip()]
+    return [(line, int(entry["batchId"])) for line, entry in log_entries(files, path)]
 
 
 def compact_interval(compactions: Sequence[int], default: int) -> int:
