@@ -43,6 +43,7 @@ from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
 from iterflow.runtime.jvm import await_observations, logical_plan_text, release_local_checkpoint
 from iterflow.runtime.materialize import Materialized, observe_rows, observed_metrics
 from iterflow.runtime.materialize import unique_observation as _observation
+from iterflow.runtime.schema import quoted, quoted_name
 from iterflow.windows import (
     MIN_US,
     FixedWindows,
@@ -176,7 +177,7 @@ class EpochSteps:
         spec = f"window {window!r} lateness={lateness} by={keys} event_time={event}"
         watermark, upstream = self._input_watermark(step, "window", spec, df, where)
         # The new rows with their event time, assigned to windows; late ones flagged.
-        timed = df.select(*map(_quoted, columns), _event_us(event).alias(TS))
+        timed = df.select(*map(quoted, columns), _event_us(event).alias(TS))
         assigned = _assigned(timed.where(F.col(TS).isNotNull()), window, columns).unionByName(
             timed.where(F.col(TS).isNull())
             .withColumn(WS, F.lit(None).cast("long"))
@@ -200,13 +201,13 @@ class EpochSteps:
         # A window fires once the watermark passed its end if it holds rows it has not
         # emitted: all of them the first time, and late ones (or a session grown by new
         # rows) later.
-        by_window = Window.partitionBy(*map(_quoted, keys), WS, WE)
+        by_window = Window.partitionBy(*map(quoted, keys), WS, WE)
         pane = F.max(PANE).over(by_window)
         dirty = F.max(F.col(DIRTY).cast("int")).over(by_window) == 1
         fires = (F.col(WE) <= F.lit(watermark)) & dirty if watermark > MIN_US else F.lit(False)
         flagged = self._cache(
             rows.select(
-                *map(_quoted, columns),
+                *map(quoted, columns),
                 TS,
                 WS,
                 WE,
@@ -219,13 +220,13 @@ class EpochSteps:
         output = (
             flagged.where(F.col(FIRES))
             .select(
-                *map(_quoted, columns), _window_struct().alias(WINDOW), F.col(PANE).alias(PANE_OUT)
+                *map(quoted, columns), _window_struct().alias(WINDOW), F.col(PANE).alias(PANE_OUT)
             )
             .alias(marker)
         )
         keep = F.col(WE) + F.lit(lateness) > F.lit(watermark)
         new_state = flagged.where(keep).select(
-            *map(_quoted, columns),
+            *map(quoted, columns),
             TS,
             WS,
             WE,
@@ -248,7 +249,7 @@ class EpochSteps:
                 ]
             },
             late=classified.where(F.col(LATE)).select(
-                *map(_quoted, columns), _window_struct().alias(WINDOW)
+                *map(quoted, columns), _window_struct().alias(WINDOW)
             ),
             late_observations=[counted],
         )
@@ -310,7 +311,7 @@ class EpochSteps:
         counted = []
         late_rows = []
         for part, df, event in (("left", left, left_event), ("right", right, right_event)):
-            timed = df.select(*map(_quoted, df.columns), _event_us(event).alias(TS))
+            timed = df.select(*map(quoted, df.columns), _event_us(event).alias(TS))
             late_flag = F.col(TS).isNull()
             if watermark > MIN_US:
                 late_flag = late_flag | (F.col(TS) < F.lit(watermark))
@@ -328,22 +329,22 @@ class EpochSteps:
             )
         left_rows = sides["left"]
         renamed = {c: f"_iterflow_right_{i}" for i, c in enumerate([*right.columns, TS, NEW])}
-        right_rows = sides["right"].select(*[F.col(_q(c)).alias(n) for c, n in renamed.items()])
+        right_rows = sides["right"].select(*[quoted(c).alias(n) for c, n in renamed.items()])
         condition = F.lit(True)
         for key in keys:
-            condition = condition & (F.col(_q(key)) == F.col(renamed[key]))
+            condition = condition & (quoted(key) == F.col(renamed[key]))
         condition = (
             condition
             & (F.abs(F.col(TS) - F.col(renamed[TS])) <= F.lit(span))
             & (F.col(NEW) | F.col(renamed[NEW]))
         )
         joined = left_rows.join(right_rows, condition, "inner")
-        selected = [F.col(_q(k)) for k in keys]
+        selected = [quoted(k) for k in keys]
         for column in left_cols:
             if shared_time and column == left_event:
-                selected.append(F.greatest(_q(column), renamed[column]).alias(column))
+                selected.append(F.greatest(quoted_name(column), renamed[column]).alias(column))
             else:
-                selected.append(F.col(_q(column)))
+                selected.append(quoted(column))
         selected += [
             F.col(renamed[c]).alias(c) for c in right_cols if not (shared_time and c == right_event)
         ]
@@ -524,7 +525,7 @@ class EpochSteps:
                 f"{state.schema.simpleString()}. Keep a step's columns, or give the new "
                 "one another name"
             )
-        return state.select(*map(_quoted, fresh.columns))
+        return state.select(*map(quoted, fresh.columns))
 
     def _checkpoint(self, classified: DataFrame, observation: Observation) -> DataFrame:
         """``classified`` (the new rows, each flagged late or not) evaluated now, once, with
@@ -562,14 +563,6 @@ def _shape(schema: StructType) -> list[tuple[str, str]]:
     return sorted((f.name, f.dataType.simpleString()) for f in schema.fields)
 
 
-def _q(column: str) -> str:
-    return "`" + column.replace("`", "``") + "`"
-
-
-def _quoted(column: str) -> Column:
-    return F.col(_q(column))
-
-
 def _is_window(df: DataFrame) -> bool:
     if WINDOW not in df.columns:
         return False
@@ -580,7 +573,7 @@ def _is_window(df: DataFrame) -> bool:
 def _event_us(column: str) -> Column:
     if column == WINDOW_END:
         return F.unix_micros(F.col(WINDOW).getField("end")) - F.lit(1)
-    return F.unix_micros(_quoted(column))
+    return F.unix_micros(quoted(column))
 
 
 def _window_struct() -> Column:
@@ -612,7 +605,7 @@ def _assigned(timed: DataFrame, window: WindowFn, columns: list[str]) -> DataFra
     assign = F.udf(lambda ts, row: window.assigned_us(ts, row), _BOUNDS)  # no type hints
     bounds = "_iterflow_bounds"
     return (
-        timed.withColumn(bounds, F.explode(assign(ts, F.struct(*map(_quoted, columns)))))
+        timed.withColumn(bounds, F.explode(assign(ts, F.struct(*map(quoted, columns)))))
         .withColumn(WS, F.col(bounds).getField("start"))
         .withColumn(WE, F.col(bounds).getField("end"))
         .drop(bounds)
@@ -622,14 +615,14 @@ def _assigned(timed: DataFrame, window: WindowFn, columns: list[str]) -> DataFra
 def _merged(rows: DataFrame, keys: list[str]) -> DataFrame:
     """Session windows: the windows of each key that overlap, merged into one (their
     earliest start to their latest end); touching windows stay apart."""
-    order = Window.partitionBy(*map(_quoted, keys)).orderBy(WS, WE)
+    order = Window.partitionBy(*map(quoted, keys)).orderBy(WS, WE)
     before = F.max(WE).over(order.rowsBetween(Window.unboundedPreceding, -1))
     opens = F.when(before.isNull() | (F.col(WS) >= before), 1).otherwise(0)
     session = "_iterflow_session"
     numbered = rows.withColumn(
         session, F.sum(opens).over(order.rowsBetween(Window.unboundedPreceding, Window.currentRow))
     )
-    merged = Window.partitionBy(*map(_quoted, keys), session)
+    merged = Window.partitionBy(*map(quoted, keys), session)
     return (
         numbered.withColumn(WS, F.min(WS).over(merged))
         .withColumn(WE, F.max(WE).over(merged))

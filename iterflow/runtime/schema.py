@@ -1,12 +1,13 @@
-"""Schemas: feedback compared with its input (nullability ignored), described as DDL, and
-whether rows of a schema can be held on the driver as Arrow."""
+"""Schemas: feedback compared with its input (nullability ignored), described as DDL,
+whether rows of a schema can be held on the driver as Arrow, and column names quoted."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
     DataType,
@@ -16,6 +17,16 @@ from pyspark.sql.types import (
     StructType,
     UserDefinedType,
 )
+
+
+def quoted_name(column: str) -> str:
+    """``column`` as a quoted identifier: a name with dots or backticks, taken whole."""
+    return "`" + column.replace("`", "``") + "`"
+
+
+def quoted(column: str) -> Column:
+    """The column named ``column`` (dots and backticks in it taken literally)."""
+    return F.col(quoted_name(column))
 
 
 def without_nullability(data_type: DataType) -> DataType:

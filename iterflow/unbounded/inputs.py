@@ -17,8 +17,10 @@ from collections.abc import Mapping, Sequence
 from functools import reduce
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+
+from iterflow.runtime.schema import quoted
 
 TAG = "_iterflow_input"
 _ROW = "_iterflow_row"
@@ -29,19 +31,13 @@ def _packed(index: int) -> str:
     return f"_iterflow_{index}"
 
 
-def _quoted(column: str) -> Column:
-    return F.col("`" + column.replace("`", "``") + "`")
-
-
 def combined(streams: Mapping[str, DataFrame]) -> DataFrame:
     """One streaming DataFrame carrying the rows of every input in ``streams``."""
     frames = list(streams.values())
     if len(frames) == 1:
         return frames[0]
     tagged = [
-        df.select(
-            F.lit(index).alias(TAG), F.struct(*map(_quoted, df.columns)).alias(_packed(index))
-        )
+        df.select(F.lit(index).alias(TAG), F.struct(*map(quoted, df.columns)).alias(_packed(index)))
         for index, df in enumerate(frames)
     ]
     return reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), tagged)
