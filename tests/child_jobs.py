@@ -74,3 +74,19 @@ def job_session(master: str, app_name: str, **conf: str) -> SparkSession:
     )
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def job_command(job: Path, tmp_path: Path, *extra: str) -> list[str]:
+    """``job INPUT CHECKPOINT SINKS OUT_JSON [extra...]`` with this interpreter, for the
+    kill tests' jobs, their folders ``in``, ``ckpt``, ``sinks`` and ``out.json`` under
+    ``tmp_path``."""
+    folders = (str(tmp_path / name) for name in ("in", "ckpt", "sinks", "out.json"))
+    return [sys.executable, str(job), *folders, *extra]
+
+
+def epoch_committed(checkpoint: Path, epoch: int) -> Callable[[], bool]:
+    """Whether the epoch log under ``checkpoint`` holds a commit of ``epoch`` or later."""
+    return lambda: any(
+        int(marker.parent.name.removeprefix("epoch-")) >= epoch
+        for marker in (checkpoint / "epochs").glob("epoch-*/_COMMITTED")
+    )

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from child_jobs import kill_when, run_to_end
+from child_jobs import epoch_committed, job_command, kill_when, run_to_end
 from pyspark.sql import functions as F
 from test_unbounded import write_rows
 
@@ -424,16 +423,9 @@ def test_event_time_misuse_is_a_clear_error(spark, tmp_path):
 def test_a_killed_event_time_stream_restarts_with_every_window_once(spark, tmp_path):
     files = [[{"t": 3 * f + i, "v": 10 * f + i} for i in range(3)] for f in range(12)]
     write_rows(tmp_path / "in", files)
-    command = [
-        sys.executable,
-        str(Path(__file__).with_name("event_time_kill_job.py")),
-        *(str(tmp_path / name) for name in ("in", "ckpt", "sinks", "out.json")),
-    ]
-    epochs = tmp_path / "ckpt" / "epochs"
+    command = job_command(Path(__file__).with_name("event_time_kill_job.py"), tmp_path)
     # Into the next epoch's work after epoch 4 or later committed.
-    kill_when(
-        command, lambda: bool(list(epochs.glob("epoch-0000000[4-9]/_COMMITTED"))), after_s=0.15
-    )
+    kill_when(command, epoch_committed(tmp_path / "ckpt", 4), after_s=0.15)
     assert not (tmp_path / "out.json").exists()
     run_to_end(command)
     out = json.loads((tmp_path / "out.json").read_text())

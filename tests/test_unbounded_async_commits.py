@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import threading
 from itertools import accumulate
 from pathlib import Path
 
 import pytest
-from child_jobs import kill_when, run_to_end
+from child_jobs import job_command, kill_when, run_to_end
 from test_unbounded import numbers_stream, running_sum, write_numbers
 
 import iterflow as itf
@@ -48,12 +47,7 @@ def test_a_killed_stream_with_background_commits_replays_what_spark_committed_af
     spark, tmp_path: Path
 ):
     write_numbers(tmp_path / "in", FILES)
-    command = [
-        sys.executable,
-        str(JOB),
-        *(str(tmp_path / name) for name in ("in", "ckpt", "sinks", "out.json")),
-        "2",
-    ]
+    command = job_command(JOB, tmp_path, "2")
     stream, epochs = tmp_path / "ckpt" / "stream", tmp_path / "ckpt" / "epochs"
 
     def spark_is_ahead() -> bool:

@@ -4,12 +4,11 @@ checkpoint location: the file sinks hold exactly the rows of an uninterrupted ru
 from __future__ import annotations
 
 import json
-import sys
 from itertools import accumulate
 from pathlib import Path
 
 import pytest
-from child_jobs import kill_when, run_to_end
+from child_jobs import epoch_committed, job_command, kill_when, run_to_end
 from test_unbounded import write_numbers
 
 pytestmark = pytest.mark.spark
@@ -20,19 +19,9 @@ FILES = [[100 * f + j for j in range(f % 3 + 1)] for f in range(16)]
 
 def test_a_killed_stream_restarts_without_losing_or_duplicating_a_row(spark, tmp_path: Path):
     write_numbers(tmp_path / "in", FILES)
-    command = [
-        sys.executable,
-        str(JOB),
-        str(tmp_path / "in"),
-        str(tmp_path / "ckpt"),
-        str(tmp_path / "sinks"),
-        str(tmp_path / "out.json"),
-    ]
-    epochs = tmp_path / "ckpt" / "epochs"
+    command = job_command(JOB, tmp_path)
     # Into the next epoch's work after epoch 4 or later committed.
-    kill_when(
-        command, lambda: bool(list(epochs.glob("epoch-0000000[4-9]/_COMMITTED"))), after_s=0.15
-    )
+    kill_when(command, epoch_committed(tmp_path / "ckpt", 4), after_s=0.15)
     assert not (tmp_path / "out.json").exists()
 
     run_to_end(command)
