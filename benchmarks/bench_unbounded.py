@@ -61,7 +61,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -232,20 +232,51 @@ class PlainDataFrameKMeans:
         self.model = declaration.feedback["model"].localCheckpoint(eager=True)
 
 
-class FinalCenters(itf.RoundListener):
-    """Reads the last epoch's model once the iteration has ended (timed, to leave it out)."""
+class FinalOutput(itf.RoundListener):
+    """Reads the last epoch's result with ``read(outputs)`` once the iteration has ended
+    (timed, to leave it out)."""
 
-    def __init__(self) -> None:
-        self.centers: np.ndarray | None = None
+    def __init__(self, read: Callable[[Mapping[str, DataFrame]], Any]) -> None:
+        self._read = read
+        self.value: Any = None
         self.read_s = 0.0
 
     def on_iteration_terminated(self, ctx: itf.IterationEnd) -> None:
         clock = time.perf_counter()
-        self.centers = centers_of(ctx.outputs["model"])
+        self.value = self._read(ctx.outputs)
         self.read_s = time.perf_counter() - clock
 
     def state_dict(self) -> dict[str, Any]:
         return {}  # nothing to checkpoint
+
+
+def run_timed(
+    iteration: itf.UnboundedIteration,
+    stream_name: str,
+    files: int,
+    rows_per_file: int,
+    read: Callable[[Mapping[str, DataFrame]], Any],
+    location: Path,
+    commit_interval_s: float | None,
+) -> tuple[float, Any, dict[str, Any]]:
+    """Start ``iteration`` (its inputs bound) available-now at ``location`` and wait: the
+    seconds it took, less reading its result with ``read``; that result; and the epochs'
+    durations. Each of the ``files`` must have been one epoch of ``rows_per_file`` rows."""
+    final = FinalOutput(read)
+    start = time.perf_counter()
+    handle = iteration.listen(final).start(
+        checkpoint_location=str(location),
+        available_now=True,
+        progress=False,
+        commit_interval_s=commit_interval_s,
+    )
+    handle.await_termination()
+    total_s = time.perf_counter() - start - final.read_s
+    assert final.value is not None
+    epochs = handle.progress
+    if [p.input_rows[stream_name] for p in epochs] != [rows_per_file] * files:
+        raise RuntimeError("the epochs do not match the files")
+    return total_s, final.value, {"duration_s": [p.duration_s for p in epochs]}
 
 
 def last_job_id(spark: SparkSession, tag: str) -> int:
@@ -302,29 +333,20 @@ def run_plain_df(
 def run_iterflow(
     spark: SparkSession, w: Workload, location: Path, commit_interval_s: float | None = None
 ) -> tuple[float, np.ndarray, dict[str, Any]]:
-    model0 = initial_model(spark, w.initial)
-    stream = point_stream(spark, w.folder)
-    final = FinalCenters()
-    start = time.perf_counter()
-    handle = (
+    iteration = (
         itf.UnboundedIteration(online_kmeans_step(DECAY))
-        .bind("model", model0, state=True)
-        .bind("points", stream)
-        .listen(final)
-        .start(
-            checkpoint_location=str(location),
-            available_now=True,
-            progress=False,
-            commit_interval_s=commit_interval_s,
-        )
+        .bind("model", initial_model(spark, w.initial), state=True)
+        .bind("points", point_stream(spark, w.folder))
     )
-    handle.await_termination()
-    total_s = time.perf_counter() - start - final.read_s
-    assert final.centers is not None
-    epochs = handle.progress
-    if [p.input_rows["points"] for p in epochs] != [w.rows_per_file] * w.files:
-        raise RuntimeError("the epochs do not match the files")
-    return total_s, final.centers, {"duration_s": [p.duration_s for p in epochs]}
+    return run_timed(
+        iteration,
+        "points",
+        w.files,
+        w.rows_per_file,
+        lambda outputs: centers_of(outputs["model"]),
+        location,
+        commit_interval_s,
+    )
 
 
 def run_iterflow_async(
@@ -408,51 +430,25 @@ def initial_counts(spark: SparkSession) -> DataFrame:
     )
 
 
-class FinalCounts(itf.RoundListener):
-    """Reads the last epoch's counts once the iteration has ended (timed, to leave it out)."""
-
-    def __init__(self) -> None:
-        self.counts: tuple[np.ndarray, np.ndarray] | None = None
-        self.read_s = 0.0
-
-    def on_iteration_terminated(self, ctx: itf.IterationEnd) -> None:
-        clock = time.perf_counter()
-        table = ctx.outputs["counts"].toArrow().sort_by("key")
-        if table.column("key").to_pylist() != list(range(KEYS)):
-            raise RuntimeError("the final counts do not hold every key once")
-        self.counts = (table.column("n").to_numpy(), table.column("total").to_numpy())
-        self.read_s = time.perf_counter() - clock
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}  # nothing to checkpoint
+def final_counts(outputs: Mapping[str, DataFrame]) -> tuple[np.ndarray, np.ndarray]:
+    """The last epoch's counts, by key: ``n`` and ``total``."""
+    table = outputs["counts"].toArrow().sort_by("key")
+    if table.column("key").to_pylist() != list(range(KEYS)):
+        raise RuntimeError("the final counts do not hold every key once")
+    return table.column("n").to_numpy(), table.column("total").to_numpy()
 
 
 def run_keyed(
     spark: SparkSession, w: KeyedWorkload, location: Path, commit_interval_s: float | None = None
 ) -> tuple[float, tuple[np.ndarray, np.ndarray], dict[str, Any]]:
-    counts0 = initial_counts(spark)
-    stream = event_stream(spark, w.folder)
-    final = FinalCounts()
-    start = time.perf_counter()
-    handle = (
+    iteration = (
         itf.UnboundedIteration(keyed_counts)
-        .bind("counts", counts0, state=True)
-        .bind("events", stream)
-        .listen(final)
-        .start(
-            checkpoint_location=str(location),
-            available_now=True,
-            progress=False,
-            commit_interval_s=commit_interval_s,
-        )
+        .bind("counts", initial_counts(spark), state=True)
+        .bind("events", event_stream(spark, w.folder))
     )
-    handle.await_termination()
-    total_s = time.perf_counter() - start - final.read_s
-    assert final.counts is not None
-    epochs = handle.progress
-    if [p.input_rows["events"] for p in epochs] != [w.rows_per_file] * w.files:
-        raise RuntimeError("the epochs do not match the files")
-    return total_s, final.counts, {"duration_s": [p.duration_s for p in epochs]}
+    return run_timed(
+        iteration, "events", w.files, w.rows_per_file, final_counts, location, commit_interval_s
+    )
 
 
 def run_keyed_async(
