@@ -178,11 +178,7 @@ class EpochSteps:
         watermark, upstream = self._input_watermark(step, "window", spec, df, where)
         # The new rows with their event time, assigned to windows; late ones flagged.
         timed = df.select(*map(quoted, columns), _event_us(event).alias(TS))
-        assigned = _assigned(timed.where(F.col(TS).isNotNull()), window, columns).unionByName(
-            timed.where(F.col(TS).isNull())
-            .withColumn(WS, F.lit(None).cast("long"))
-            .withColumn(WE, F.lit(None).cast("long"))
-        )
+        assigned = _assigned(timed, window, columns)
         late_flag = F.col(WS).isNull()
         if watermark > MIN_US:
             late_flag = late_flag | (F.col(WE) + F.lit(lateness) <= F.lit(watermark))
@@ -586,7 +582,8 @@ _BOUNDS = ArrayType(StructType([StructField("start", LongType()), StructField("e
 
 
 def _assigned(timed: DataFrame, window: WindowFn, columns: list[str]) -> DataFrame:
-    """``timed`` (the rows and their event time ``TS``) with one row per window each is in."""
+    """``timed`` (the rows and their event time ``TS``) with one row per window each is in,
+    in one pass over the rows; a row with no event time once, in no window (null bounds)."""
     ts = F.col(TS)
     if isinstance(window, FixedWindows):
         start = ts - F.pmod(ts - F.lit(window.offset_us), F.lit(window.size_us))
@@ -594,22 +591,33 @@ def _assigned(timed: DataFrame, window: WindowFn, columns: list[str]) -> DataFra
     if isinstance(window, SlidingWindows):
         last = ts - F.pmod(ts - F.lit(window.offset_us), F.lit(window.every_us))
         first = last - F.lit((window.windows_per_row - 1) * window.every_us)
-        starts = F.explode(F.sequence(first, last, F.lit(window.every_us)))
+        starts = F.sequence(first, last, F.lit(window.every_us))
         return (
-            timed.withColumn(WS, starts)
-            .where(F.col(WS) + F.lit(window.size_us) > ts)
+            timed.withColumn(WS, F.explode(_or_null(starts, LongType())))
+            .where((F.col(WS) + F.lit(window.size_us) > ts) | ts.isNull())
             .withColumn(WE, F.col(WS) + F.lit(window.size_us))
         )
     if isinstance(window, SessionWindows):
         return timed.withColumn(WS, ts).withColumn(WE, ts + F.lit(window.gap_us))
-    assign = F.udf(lambda ts, row: window.assigned_us(ts, row), _BOUNDS)  # no type hints
+    # No type hints (PySpark would read them); a null time is never assigned (its rows are
+    # kept once by ``_or_null``, but Spark may call the UDF for every row all the same).
+    assign = F.udf(lambda ts, row: None if ts is None else window.assigned_us(ts, row), _BOUNDS)
     bounds = "_iterflow_bounds"
     return (
-        timed.withColumn(bounds, F.explode(assign(ts, F.struct(*map(quoted, columns)))))
+        timed.withColumn(
+            bounds,
+            F.explode(_or_null(assign(ts, F.struct(*map(quoted, columns))), _BOUNDS.elementType)),
+        )
         .withColumn(WS, F.col(bounds).getField("start"))
         .withColumn(WE, F.col(bounds).getField("end"))
         .drop(bounds)
     )
+
+
+def _or_null(windows: Column, element: Any) -> Column:
+    """``windows`` (an array, one element per window) for a row with an event time, and
+    one null element for a row without (so that exploding it keeps the row once)."""
+    return F.when(F.col(TS).isNull(), F.array(F.lit(None).cast(element))).otherwise(windows)
 
 
 def _merged(rows: DataFrame, keys: list[str]) -> DataFrame:
