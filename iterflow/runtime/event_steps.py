@@ -385,11 +385,6 @@ class EpochSteps:
 
     # -- the epoch's end ------------------------------------------------------------------
 
-    @property
-    def observations(self) -> list[Observation]:
-        """The observations counting the steps' late rows (to await before ``outcomes``)."""
-        return [o for step in self.steps.values() for o in step.late_observations]
-
     def targets(self) -> tuple[list[DataFrame], dict[int, list[Column]]]:
         """The steps' new states to materialize with the epoch, and what to aggregate over
         each one (on the same job)."""

@@ -289,7 +289,8 @@ class EpochLoop:
             results = rnd.evaluated.outputs
             marks = None
             if timing is not None and events is not None:
-                await_observations([*observations.values(), *events.observations])
+                # The steps' own observations were awaited when their rows were evaluated.
+                await_observations(list(observations.values()))
                 marks = timing.end(
                     epoch,
                     events,
