@@ -38,6 +38,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 import iterflow as itf
+from iterflow.ml.features import Features
 from iterflow.ml.kmeans import PARTIAL_SCHEMA, add_partials, feature_matrix, partial_sums
 
 MODEL_SCHEMA = "cluster INT, center ARRAY<DOUBLE>, weight DOUBLE"
@@ -56,7 +57,7 @@ def partials_kernel(
     A partition without points answers with zeros, so that the update always
     receives a row and the model never comes out empty.
     """
-    prepare = feature_matrix("features", centers.shape[1])
+    prepare = feature_matrix(Features(("features",), "array", centers.shape[1]))
 
     def kernel(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         answered = False

@@ -18,44 +18,60 @@ distances of the points to the centroids they were assigned to) is the gauge
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import attrs
 import numpy as np
 import pyarrow as pa
+from pyspark import keyword_only
+from pyspark.ml import Estimator, Model
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import (
+    HasFeaturesCol,
+    HasMaxIter,
+    HasPredictionCol,
+    HasSeed,
+    HasTol,
+    HasWeightCol,
+)
+from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, IntegerType, NumericType, StructField, StructType
+from pyspark.sql.types import IntegerType, StructField, StructType
 
 import iterflow as itf
-from iterflow.ml.model import Fitted, MLError, ModelStep, model_field
+from iterflow.ml.features import Features, features_of, matrix, numbers
+from iterflow.ml.model import Fitted, MLError, ModelStep, model_field, worker_errors
+from iterflow.ml.params import IterationOptions, SavedModel, TrainingSummary, choice, param
 from iterflow.runtime.jvm import is_classic
 
 MODEL_SCHEMA = "centroids ARRAY<DOUBLE>, cost DOUBLE, shift DOUBLE"
 PARTIAL_SCHEMA = "sums ARRAY<DOUBLE>, counts ARRAY<LONG>, cost DOUBLE"
 
 
-def feature_matrix(features: Sequence[str] | str, dims: int) -> Callable[[pa.Table], pa.Table]:
-    """A ``columnar`` prepare step: the features as one flat float64 column ``x`` (row-major)."""
+def feature_matrix(spec: Features, weight: str | None = None) -> Callable[[pa.Table], pa.Table]:
+    """A ``columnar`` prepare step: the features as ``x`` (one fixed-size list of float64
+    per row), and the row weights ``v`` when ``weight`` names a column."""
 
     def prepare(table: pa.Table) -> pa.Table:
-        if isinstance(features, str):
-            column = table[features].combine_chunks()
-            if column.null_count:
-                raise MLError(f"column '{features}' has null feature vectors")
-            flat = column.flatten().to_numpy(zero_copy_only=False).astype(np.float64)
-            if len(flat) != len(column) * dims:
-                raise MLError(f"feature vectors in '{features}' must all have {dims} values")
-        else:
-            flat = np.column_stack(
-                [table[c].to_numpy(zero_copy_only=False).astype(np.float64) for c in features]
-            ).ravel()
-        if not np.isfinite(flat).all():
-            raise MLError("features must be finite numbers (found NaN, infinity or null)")
-        return pa.table({"x": flat})
+        x = matrix(table, spec)
+        columns = {"x": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), spec.dims)}
+        if weight is not None:
+            v = numbers(table, weight, "weight")
+            if (v < 0).any():
+                raise MLError(f"weight column '{weight}' has a negative value")
+            columns["v"] = pa.array(v)
+        return pa.table(columns)
 
     return prepare
+
+
+def points_of(data: pa.Table | pa.RecordBatch, dims: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The ``(rows, dims)`` points of a prepared table or batch, and its weights (or None)."""
+    x = data.column("x")
+    flat = (x.combine_chunks() if isinstance(x, pa.ChunkedArray) else x).flatten()
+    weights = data.column("v").to_numpy() if "v" in data.schema.names else None
+    return flat.to_numpy().reshape(-1, dims), weights
 
 
 def nearest(points: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -68,21 +84,24 @@ def nearest(points: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.n
     return chosen, np.maximum(best + np.einsum("ij,ij->i", points, points), 0.0)
 
 
-def cluster_sums(points: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-    """Per cluster, the sum ``(k, dims)`` and the number ``(k,)`` of the points nearest to its
-    centroid, and the cost of the points (the sum of their squared distances)."""
+def cluster_sums(
+    points: np.ndarray, centroids: np.ndarray, weights: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Per cluster, the (weighted) sum ``(k, dims)`` and the number (total weight) ``(k,)``
+    of the points nearest to its centroid, and the cost of the points (the sum of their
+    weighted squared distances)."""
     k = len(centroids)
     chosen, distance = nearest(points, centroids)
     member = np.zeros((len(points), k))  # one-hot: point i belongs to cluster chosen[i]
-    member[np.arange(len(points)), chosen] = 1.0
-    return member.T @ points, np.bincount(chosen, minlength=k), float(distance.sum())
+    member[np.arange(len(points)), chosen] = 1.0 if weights is None else weights
+    counts = np.bincount(chosen, weights=weights, minlength=k)
+    cost = distance if weights is None else distance * weights
+    return member.T @ points, counts, float(cost.sum())
 
 
 def partial_sums(table: pa.Table, centroids: np.ndarray) -> pa.Table:
-    """Kernel: the ``PARTIAL_SCHEMA`` row of the points of ``table`` (its column ``x``)."""
-    sums, counts, cost = cluster_sums(
-        table["x"].to_numpy().reshape(-1, centroids.shape[1]), centroids
-    )
+    """Kernel: the ``PARTIAL_SCHEMA`` row of the (unweighted) points of ``table``."""
+    sums, counts, cost = cluster_sums(points_of(table, centroids.shape[1])[0], centroids)
     return pa.table(
         [
             itf.vector_cell(sums.ravel()),
@@ -121,8 +140,9 @@ class LloydStep(ModelStep):
         return np.zeros((k, dims)), np.zeros(k), 0.0
 
     def add_input(self, acc: tuple[Any, ...], batch: pa.RecordBatch) -> Any:
-        points = batch.column("x").to_numpy().reshape(-1, self.centroids.shape[1])
-        return tuple(a + b for a, b in zip(acc, cluster_sums(points, self.centroids), strict=True))
+        points, weights = points_of(batch, self.centroids.shape[1])
+        sums = cluster_sums(points, self.centroids, weights)
+        return tuple(a + b for a, b in zip(acc, sums, strict=True))
 
     def merge_accumulators(self, accs: list[tuple[Any, ...]]) -> Any:
         merged = self.create_accumulator()
@@ -160,14 +180,14 @@ def plus_plus(sample: np.ndarray, k: int, seed: int) -> np.ndarray:
     return np.array(chosen)
 
 
-def kmeans_body(k: int, dims: int, features: Sequence[str] | str, tol: float | None) -> Any:
+def kmeans_body(spec: Features, weight: str | None, tol: float | None) -> Any:
     """The k-means body: ``model`` (variable, one row) and ``points`` (data)."""
-    prepare = feature_matrix(features, dims)
+    prepare = feature_matrix(spec, weight)
     loss = itf.metrics.gauge("loss")
 
     @itf.body
     def kmeans_step(model: DataFrame, points: DataFrame, ctx: itf.RoundContext) -> itf.Declaration:
-        centroids = model_centroids(model, dims)  # held on the driver: no Spark job
+        centroids = model_centroids(model, spec.dims)  # held on the driver: no Spark job
         # depth 1: the accumulators of columnar data meet in one place (the driver, or one
         # task), where a tree would only change the order of the sums.
         step = LloydStep(centroids, loss)
@@ -186,26 +206,98 @@ def model_centroids(model: DataFrame, dims: int) -> np.ndarray:
     return itf.vector(model, "centroids").astype(np.float64).reshape(-1, dims)
 
 
-@attrs.frozen
-class KMeansModel(Fitted):
-    """A fitted k-means model: ``centroids`` (k, d), and the run that made it."""
+#: ``initMode`` values: MLlib's two, and ``"k-means++"``. ``"k-means||"`` (MLlib's
+#: default, a parallel k-means++) runs k-means++ seeding on a seeded sample here.
+INIT_MODES = ("k-means||", "k-means++", "random")
 
-    centroids: np.ndarray
-    features: Sequence[str] | str
-    result: itf.IterationResult = attrs.field(repr=False)
 
-    def predict(self, df: DataFrame, output: str = "prediction") -> DataFrame:
-        """``df`` with ``output``: the index of the nearest centroid of each row."""
+class _KMeansParams(HasFeaturesCol, HasPredictionCol, HasMaxIter, HasTol, HasSeed, HasWeightCol):
+    """The Params of ``KMeans`` and ``KMeansModel``, as MLlib names them."""
+
+    k: Param[int] = param(
+        Params._dummy(), "k", "the number of clusters to create (> 0)", TypeConverters.toInt
+    )
+    initMode: Param[str] = param(
+        Params._dummy(),
+        "initMode",
+        f"how the initial centroids are chosen: one of {list(INIT_MODES)}",
+        choice("initMode", INIT_MODES),
+    )
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._setDefault(k=2, maxIter=20, tol=1e-4, initMode="k-means||", seed=0)
+
+    def getK(self) -> int:
+        return int(self.getOrDefault(self.k))
+
+    def getInitMode(self) -> str:
+        return str(self.getOrDefault(self.initMode))
+
+
+class KMeansModel(Model, _KMeansParams, SavedModel, Fitted):
+    """A fitted k-means model: ``centroids`` (k, d) and, when it was fitted here (not
+    loaded), the run that made it (``rounds``, ``termination``, ``history``, ``summary``).
+
+    Both the short form's result (``kmeans(df, k)``) and ``KMeans().fit(df)``'s: a
+    ``pyspark.ml`` Model, so ``transform`` adds ``predictionCol`` (the index of the
+    nearest centroid, INT) and it can be saved, loaded and put in a ``PipelineModel``.
+    """
+
+    def __init__(
+        self,
+        centroids: Any = None,
+        features: Sequence[str] | str | None = None,
+        result: itf.IterationResult | None = None,
+    ) -> None:
+        super().__init__()
+        self.centroids = np.zeros((0, 0)) if centroids is None else np.asarray(centroids, float)
+        self._columns = None if features is None or isinstance(features, str) else list(features)
+        if isinstance(features, str):
+            self._set(featuresCol=features)
+        self.result = result
+
+    @property
+    def features(self) -> Sequence[str] | str:
+        """The feature columns: a list of numeric columns, or ``featuresCol``."""
+        return self._columns if self._columns is not None else self.getFeaturesCol()
+
+    def clusterCenters(self) -> list[np.ndarray]:
+        """The centroids, one array each, as MLlib's ``KMeansModel.clusterCenters()``."""
+        return [row.copy() for row in self.centroids]
+
+    @property
+    def hasSummary(self) -> bool:
+        return self.result is not None
+
+    @property
+    def summary(self) -> TrainingSummary:
+        """``objectiveHistory`` (the cost of every round), ``totalIterations``, and the run."""
+        result = self.fitted_result
+        costs = [float(p.metrics["loss"]) for p in result.history if "loss" in p.metrics]
+        return TrainingSummary(costs, int(result.rounds), result)
+
+    def predict(self, data: Any, output: str | None = None) -> Any:
+        """``data`` a DataFrame: it with ``output`` (``predictionCol`` by default), the index
+        of each row's nearest centroid. ``data`` one vector (as MLlib's ``predict``): that
+        index."""
+        if not isinstance(data, DataFrame):
+            point = np.asarray(data.toArray() if hasattr(data, "toArray") else data, float)
+            return int(nearest(point.reshape(1, -1), self.centroids)[0][0])
+        return self._assign(data, output or self.getPredictionCol())
+
+    def _transform(self, dataset: DataFrame) -> DataFrame:
+        return self._assign(dataset, self.getPredictionCol())
+
+    def _assign(self, df: DataFrame, output: str) -> DataFrame:
         centroids = self.centroids
-        features = self.features
         dims = centroids.shape[1]
-        prepare = feature_matrix(features, dims)
+        spec = features_of(df, self.features, "KMeansModel", dims=dims)
         schema = StructType([*df.schema.fields, StructField(output, IntegerType())])
 
         def assign(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for batch in batches:
-                table = pa.Table.from_batches([batch])
-                points = prepare(table)["x"].to_numpy().reshape(-1, dims)
+                points = matrix(pa.Table.from_batches([batch]), spec)
                 chosen = nearest(points, centroids)[0].astype(np.int32)
                 yield pa.RecordBatch.from_arrays(
                     [*batch.columns, pa.array(chosen)], names=[*batch.schema.names, output]
@@ -213,27 +305,64 @@ class KMeansModel(Fitted):
 
         return df.mapInArrow(assign, schema)
 
-    transform = predict
+    def _learned(self) -> dict[str, Any]:
+        return {"centroids": self.centroids.tolist(), "columns": self._columns}
+
+    def _restore(self, learned: Mapping[str, Any]) -> None:
+        self.centroids = np.asarray(learned["centroids"], dtype=np.float64)
+        self._columns = learned.get("columns")
 
 
-def _dims(df: DataFrame, features: Sequence[str] | str) -> int:
-    if isinstance(features, str):
-        if features not in df.columns:
-            raise MLError(f"no feature column '{features}'; the columns are {df.columns}")
-        field = df.schema[features].dataType
-        if not (isinstance(field, ArrayType) and isinstance(field.elementType, NumericType)):
-            raise MLError(
-                f"feature column '{features}' must be an array of numbers, got "
-                f"{field.simpleString()}; or pass features=[...] numeric column names"
-            )
-        first = df.select(F.size(features).alias("d")).where("d >= 0").first()
-        if first is None:
-            raise MLError("kmeans() needs at least one point")
-        return int(first["d"])
-    missing = [c for c in features if c not in df.columns]
-    if missing:
-        raise MLError(f"no feature column(s) {missing}; the columns are {df.columns}")
-    return len(features)
+class KMeans(
+    Estimator[KMeansModel],
+    _KMeansParams,
+    IterationOptions,
+    DefaultParamsReadable[Any],
+    DefaultParamsWritable,
+):
+    """k-means (Lloyd's algorithm) as a ``pyspark.ml`` Estimator, with MLlib's Params::
+
+        KMeans(k=3, maxIter=20, tol=1e-4, seed=1).setIterationOptions(progress=True).fit(df)
+
+    ``featuresCol`` is a Vector column (``VectorAssembler``'s output) or an array of
+    numbers; ``weightCol`` weighs each point. Runs ``kmeans()``: see its docstring.
+    """
+
+    @keyword_only
+    def __init__(
+        self,
+        *,
+        featuresCol: str = "features",
+        predictionCol: str = "prediction",
+        k: int = 2,
+        initMode: str = "k-means||",
+        maxIter: int = 20,
+        tol: float = 1e-4,
+        seed: int = 0,
+        weightCol: str | None = None,
+    ) -> None:
+        super().__init__()
+        self._set(**self._input_kwargs)  # type: ignore[attr-defined]
+
+    @keyword_only
+    def setParams(self, **kwargs: Any) -> KMeans:
+        """Sets the Params given by name."""
+        return self._set(**self._input_kwargs)  # type: ignore[attr-defined]
+
+    def _fit(self, dataset: DataFrame) -> KMeansModel:
+        mode = self.getInitMode()
+        model = kmeans(
+            dataset,
+            self.getK(),
+            features=self.getFeaturesCol(),
+            weight=self.getOrDefault(self.weightCol) if self.isDefined(self.weightCol) else None,
+            max_rounds=self.getMaxIter(),
+            tol=self.getTol(),
+            init="k-means++" if mode == "k-means||" else mode,
+            seed=self.getSeed(),
+            **self.getIterationOptions(),
+        )
+        return self._copyValues(model)
 
 
 def kmeans(
@@ -241,6 +370,7 @@ def kmeans(
     k: int,
     *,
     features: Sequence[str] | str = "features",
+    weight: str | None = None,
     max_rounds: int = 20,
     tol: float | None = 1e-4,
     init: Any = "k-means++",
@@ -250,7 +380,8 @@ def kmeans(
 ) -> KMeansModel:
     """Fit k-means with Lloyd's algorithm.
 
-    ``features`` is an array column or a list of numeric columns. ``init`` is
+    ``features`` is a Vector column (dense or sparse), an array column or a list of
+    numeric columns; ``weight`` a column of non-negative row weights. ``init`` is
     ``"k-means++"`` (k-means++ seeding on a seeded sample of up to
     ``SEEDING_SAMPLE`` points), ``"random"`` (k points drawn with ``seed``) or
     the initial centroids (a ``(k, d)`` array-like); the first two are
@@ -265,30 +396,31 @@ def kmeans(
         model.centroids, model.termination.reason
         model.predict(points).groupBy("prediction").count()
     """
-    if not isinstance(k, int) or k < 1:
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise MLError(f"kmeans(k={k!r}) needs a positive int")
-    dims = _dims(df, features)
+    spec = features_of(df, features, "kmeans()")
+    if weight is not None and weight not in df.columns:
+        raise MLError(f"kmeans(): no weight column '{weight}'; the columns are {df.columns}")
+    seed = int(seed) & (2**63 - 1)  # pyspark.ml's default seeds may be negative
     if isinstance(init, str):
         if init not in ("k-means++", "random"):
             raise MLError(
                 f"kmeans(init={init!r}): use 'k-means++', 'random' or the initial centroids"
             )
-        columns = [features] if isinstance(features, str) else list(features)
         wanted = k if init == "random" else max(k, SEEDING_SAMPLE)
-        chosen = df.select(*columns)
+        chosen = df.select(spec.as_array().alias("x"))
         if is_classic(chosen.sparkSession):
             drawn = chosen.rdd.takeSample(False, wanted, seed)
         else:  # Spark Connect has no RDDs: a seeded shuffle, then the first rows
             drawn = chosen.orderBy(F.rand(seed)).limit(wanted).collect()
         if not drawn:
             raise MLError("kmeans() needs at least one point")
-        rows = [r[0] if isinstance(features, str) else list(r) for r in drawn]
-        sample = np.array(rows, dtype=np.float64).reshape(-1, dims)
+        sample = np.array([r[0] for r in drawn], dtype=np.float64).reshape(-1, spec.dims)
         start = sample if init == "random" else plus_plus(sample, k, seed)
     else:
         start = np.asarray(init, dtype=np.float64)
-        if start.shape != (k, dims):
-            raise MLError(f"kmeans(init=...) must have shape ({k}, {dims}), got {start.shape}")
+        if start.shape != (k, spec.dims):
+            raise MLError(f"kmeans(init=...) must have shape ({k}, {spec.dims}), got {start.shape}")
     model = df.sparkSession.createDataFrame(
         pa.table(
             [itf.vector_cell(start.ravel()), pa.array([float("nan")]), pa.array([float("inf")])],
@@ -297,12 +429,13 @@ def kmeans(
         MODEL_SCHEMA,
     )
     iteration = (
-        itf.BoundedIteration(kmeans_body(len(start), dims, features, tol))
+        itf.BoundedIteration(kmeans_body(spec, weight, tol))
         .bind("model", model)
         .bind("points", df)
         .until(itf.max_rounds(max_rounds))
     )
     if listen is not None:
         iteration = iteration.listen(listen)
-    result = iteration.run(**run_options)
-    return KMeansModel(model_centroids(result.outputs["model"], dims), features, result)
+    with worker_errors():
+        result = iteration.run(**run_options)
+    return KMeansModel(model_centroids(result.outputs["model"], spec.dims), features, result)

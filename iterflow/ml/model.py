@@ -3,9 +3,12 @@ base of its round, fitted models."""
 
 from __future__ import annotations
 
+import contextlib
 import pickle
+import re
 import warnings
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, cast
 
 from pyspark.sql import DataFrame
 
@@ -55,18 +58,52 @@ class ModelStep(itf.CombineFn):
 
 
 class Fitted:
-    """The run behind a fitted model: ``rounds``, ``termination`` and ``history``."""
+    """The run behind a fitted model: ``rounds``, ``termination`` and ``history``. A model
+    loaded from storage has no run: these raise an ``MLError`` saying so."""
 
     result: Any
 
     @property
+    def fitted_result(self) -> itf.IterationResult:
+        """The run that fitted this model."""
+        if self.result is None:
+            raise MLError(
+                "this model was loaded, not fitted here: its run (rounds, termination, "
+                "history, summary) is not saved with it"
+            )
+        return cast(itf.IterationResult, self.result)
+
+    @property
     def rounds(self) -> int:
-        return int(self.result.rounds)
+        return int(self.fitted_result.rounds)
 
     @property
     def termination(self) -> itf.Termination:
-        return self.result.termination
+        return self.fitted_result.termination
 
     @property
     def history(self) -> list[itf.RoundProgress]:
-        return list(self.result.history)
+        return list(self.fitted_result.history)
+
+
+#: How an ``MLError`` raised in a Python worker reads in the text of the error that
+#: reaches the driver (the worker's traceback ends with it).
+_WORKER_ML_ERROR = re.compile(r"^\s*(?:[\w.]+\.)?MLError: (.+)$", re.MULTILINE)
+
+
+@contextlib.contextmanager
+def worker_errors() -> Iterator[None]:
+    """Bad input found where the rows are read (a NaN feature, a negative weight) raises
+    an ``MLError`` in a Python worker, which reaches the driver as a ``RoundError``
+    wrapping Spark's error: re-raise it here as the ``MLError`` it was, with its message
+    (which names the column)."""
+    try:
+        yield
+    except itf.RoundError as error:
+        cause: BaseException | None = error
+        while cause is not None:
+            found = _WORKER_ML_ERROR.findall(str(cause))
+            if found:
+                raise MLError(found[-1].strip()) from error
+            cause = cause.__cause__ or cause.__context__
+        raise

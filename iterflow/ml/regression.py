@@ -36,7 +36,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.ml.model import Fitted, MLError, ModelStep, model_field
+from iterflow.ml.features import Features, features_of, matrix, numbers
+from iterflow.ml.model import Fitted, MLError, ModelStep, model_field, worker_errors
 
 MODEL_SCHEMA = "coefficients ARRAY<DOUBLE>, loss DOUBLE, change DOUBLE"
 #: The column that brings every row's partition to ``prepare``: a partition's mini-batch
@@ -45,31 +46,24 @@ PARTITION = "__partition"
 
 
 def design(
-    features: Sequence[str],
+    features: Features,
     label: str,
     weight: str | None,
     class_weight: Mapping[Any, float] | None,
 ) -> Callable[[pa.Table], pa.Table]:
     """A ``columnar`` prepare step: ``x`` (each row's features), ``y`` and ``v`` (weights),
-    and ``part`` (the row's partition)."""
+    and ``part`` (the row's partition). A value that is not a finite number, or a negative
+    weight, is an ``MLError`` naming its column."""
 
     def prepare(table: pa.Table) -> pa.Table:
-        x = np.column_stack(
-            [table[c].to_numpy(zero_copy_only=False).astype(np.float64) for c in features]
-        )
-        y = table[label].to_numpy(zero_copy_only=False).astype(np.float64)
-        v = (
-            np.ones(len(y))
-            if weight is None
-            else table[weight].to_numpy(zero_copy_only=False).astype(np.float64)
-        )
+        x = matrix(table, features)
+        y = numbers(table, label, "label")
+        v = np.ones(len(y)) if weight is None else numbers(table, weight, "weight")
+        if weight is not None and (v < 0).any():
+            raise MLError(f"weight column '{weight}' has a negative value")
         if class_weight is not None:
             v = v * np.array([class_weight.get(c, 1.0) for c in y.tolist()], dtype=np.float64)
-        if not (np.isfinite(x).all() and np.isfinite(y).all() and np.isfinite(v).all()):
-            raise MLError("features, labels and weights must be finite numbers (no null or NaN)")
-        if (v < 0).any():
-            raise MLError("row weights must not be negative")
-        rows = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), len(features))
+        rows = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), features.dims)
         return pa.table({"x": rows, "y": y, "v": v, "part": table[PARTITION]})
 
     return prepare
@@ -230,15 +224,14 @@ class RegressionModel(Fitted):
     kind: str
     coefficients: np.ndarray
     intercept: float
-    features: Sequence[str]
+    features: Sequence[str] | str
     result: itf.IterationResult = attrs.field(repr=False)
 
     def predict(self, df: DataFrame, output: str = "prediction") -> DataFrame:
         """``df`` with ``output``: the fitted value (linear) or the probability of label 1
         (logistic)."""
-        score = F.lit(self.intercept)
-        for name, value in zip(self.features, self.coefficients.tolist(), strict=True):
-            score = score + F.col(name).cast("double") * F.lit(value)
+        spec = features_of(df, self.features, "predict()", dims=len(self.coefficients))
+        score = spec.dot(self.coefficients.tolist()) + F.lit(self.intercept)
         value = score if self.kind == "linear" else 1.0 / (1.0 + F.exp(-score))
         return df.withColumn(output, value)
 
@@ -246,15 +239,15 @@ class RegressionModel(Fitted):
 
 
 def _fit(df: DataFrame, options: FitOptions) -> RegressionModel:
-    names = options.names
-    wanted = [*names, options.label, *([options.weight] if options.weight else [])]
+    wanted = [options.label, *([options.weight] if options.weight else [])]
     missing = [c for c in wanted if c not in df.columns]
     if missing:
         raise MLError(f"no column(s) {missing}; the columns are {df.columns}")
+    spec = features_of(df, options.features, f"{options.kind}_regression()")
     start = df.sparkSession.createDataFrame(
         pa.table(
             [
-                itf.vector_cell(np.zeros(len(names) + 1)),
+                itf.vector_cell(np.zeros(spec.dims + 1)),
                 pa.array([float("nan")]),
                 pa.array([float("inf")]),
             ],
@@ -262,7 +255,7 @@ def _fit(df: DataFrame, options: FitOptions) -> RegressionModel:
         ),
         MODEL_SCHEMA,
     )
-    prepare = design(names, options.label, options.weight, options.class_weight)
+    prepare = design(spec, options.label, options.weight, options.class_weight)
     iteration = (
         itf.BoundedIteration(regression_body(options, prepare))
         .bind("model", start)
@@ -271,9 +264,11 @@ def _fit(df: DataFrame, options: FitOptions) -> RegressionModel:
     )
     if options.listen is not None:
         iteration = iteration.listen(options.listen)
-    result = iteration.run(**options.run_options)
+    with worker_errors():
+        result = iteration.run(**options.run_options)
     final = coefficients_of(result.outputs["model"])
-    return RegressionModel(options.kind, final[:-1], float(final[-1]), names, result)
+    features = options.features if isinstance(options.features, str) else options.names
+    return RegressionModel(options.kind, final[:-1], float(final[-1]), features, result)
 
 
 def linear_regression(

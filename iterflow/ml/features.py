@@ -1,0 +1,168 @@
+"""Where a DataFrame's features are, and reading them as one float64 matrix.
+
+Features come as a list of numeric columns, one array column, or one
+``pyspark.ml.linalg`` Vector column (``VectorAssembler``'s output), dense or sparse.
+They are read once, when the rows become columnar or resident: ``matrix`` turns an
+Arrow table's features into a ``(rows, dims)`` float64 array, and a value that is not
+a finite number is an ``MLError`` naming its column. A Vector column reaches Arrow as
+its storage struct (``type`` 0 sparse / 1 dense, ``size``, ``indices``, ``values``),
+which ``matrix`` unpacks with vectorized numpy (no per-row Python).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.ml.functions import vector_to_array
+from pyspark.ml.linalg import VectorUDT
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, NumericType
+
+from iterflow.ml.model import MLError
+
+KINDS = ("columns", "array", "vector")
+
+
+@attrs.frozen
+class Features:
+    """The feature columns of a DataFrame: ``kind`` is ``"columns"`` (numeric columns,
+    one feature each), ``"array"`` (one array column) or ``"vector"`` (one Vector
+    column); ``dims`` is the number of features."""
+
+    columns: tuple[str, ...]
+    kind: str = attrs.field(validator=attrs.validators.in_(KINDS))
+    dims: int
+
+    @property
+    def column(self) -> str:
+        """The one column of an ``"array"`` or ``"vector"`` kind."""
+        return self.columns[0]
+
+    def as_array(self) -> Column:
+        """A Spark column holding each row's features as ``ARRAY<DOUBLE>``."""
+        if self.kind == "vector":
+            return vector_to_array(F.col(self.column))
+        if self.kind == "array":
+            return F.col(self.column).cast("array<double>")
+        return F.array(*[F.col(c).cast("double") for c in self.columns])
+
+    def dot(self, weights: Sequence[float]) -> Column:
+        """A Spark column: each row's features dotted with ``weights`` (a SQL expression,
+        so that it runs in the JVM, classic or Connect)."""
+        if self.kind == "columns":
+            terms = [
+                F.col(c).cast("double") * F.lit(float(w))
+                for c, w in zip(self.columns, weights, strict=True)
+            ]
+            total: Column = F.lit(0.0)
+            for term in terms:
+                total = total + term
+            return total
+        products = F.zip_with(
+            self.as_array(), F.array(*[F.lit(float(w)) for w in weights]), lambda x, w: x * w
+        )
+        return F.aggregate(products, F.lit(0.0), lambda acc, x: acc + x)
+
+
+def features_of(
+    df: DataFrame, features: Sequence[str] | str, who: str, dims: int | None = None
+) -> Features:
+    """Where ``features`` are in ``df``: checks that the columns exist and hold numbers,
+    and, unless ``dims`` is given, finds the length of an array or Vector column from its
+    first row (one small Spark job). ``who`` names the caller in errors, e.g.
+    ``"kmeans()"``."""
+    if isinstance(features, str):
+        if features not in df.columns:
+            raise MLError(f"{who}: no feature column '{features}'; the columns are {df.columns}")
+        kind_of = df.schema[features].dataType
+        if isinstance(kind_of, VectorUDT):
+            kind = "vector"
+        elif isinstance(kind_of, ArrayType) and isinstance(kind_of.elementType, NumericType):
+            kind = "array"
+        else:
+            raise MLError(
+                f"{who}: feature column '{features}' must be a Vector or an array of numbers, "
+                f"got {kind_of.simpleString()}; or pass features=[...] numeric column names"
+            )
+        spec = Features((features,), kind, 0 if dims is None else dims)
+        if dims is not None:
+            return spec
+        first = df.select(F.size(spec.as_array()).alias("d")).where("d >= 0").limit(1).collect()
+        if not first:
+            raise MLError(f"{who} needs at least one row with features")
+        return attrs.evolve(spec, dims=int(first[0]["d"]))
+    names = list(features)
+    if not names:
+        raise MLError(f"{who}: features=[] names no column")
+    missing = [c for c in names if c not in df.columns]
+    if missing:
+        raise MLError(
+            f"{who}: no column(s) {missing} for the features; the columns are {df.columns}"
+        )
+    for name in names:
+        kind_of = df.schema[name].dataType
+        if not isinstance(kind_of, NumericType):
+            raise MLError(
+                f"{who}: feature column '{name}' must be numeric, got {kind_of.simpleString()}"
+            )
+    if dims is not None and dims != len(names):
+        raise MLError(f"{who}: {len(names)} feature column(s) given, the model has {dims}")
+    return Features(tuple(names), "columns", len(names))
+
+
+def numbers(table: pa.Table, name: str, what: str) -> np.ndarray:
+    """Column ``name`` of ``table`` as float64; a null, NaN or infinite value is an
+    ``MLError`` naming the column (``what`` says what it holds: "label", "weight")."""
+    values = table[name].to_numpy(zero_copy_only=False).astype(np.float64)
+    if not np.isfinite(values).all():
+        raise MLError(f"{what} column '{name}' has a null, NaN or infinite value")
+    return values
+
+
+def matrix(table: pa.Table, spec: Features) -> np.ndarray:
+    """The features of ``table`` as a C-contiguous ``(rows, dims)`` float64 matrix."""
+    if spec.kind == "columns":
+        if not spec.columns:
+            return np.zeros((table.num_rows, 0))
+        return np.column_stack([numbers(table, c, "feature") for c in spec.columns])
+    column = table[spec.column].combine_chunks()
+    if column.null_count:
+        raise MLError(f"feature column '{spec.column}' has a null row")
+    if spec.kind == "array":
+        lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+        if (lengths != spec.dims).any():
+            raise MLError(f"feature column '{spec.column}': every row must have {spec.dims} values")
+        flat = pc.list_flatten(column).to_numpy(zero_copy_only=False).astype(np.float64)
+        if not np.isfinite(flat).all():
+            raise MLError(f"feature column '{spec.column}' has a null, NaN or infinite value")
+        return flat.reshape(len(column), spec.dims)
+    return _vectors(column, spec)
+
+
+def _vectors(column: pa.StructArray, spec: Features) -> np.ndarray:
+    """Vector structs (``type`` 0 sparse, 1 dense) scattered into a dense matrix."""
+    rows = len(column)
+    dense = column.field("type").to_numpy(zero_copy_only=False) == 1
+    values = column.field("values")
+    counts = pc.fill_null(pc.list_value_length(values), 0).to_numpy(zero_copy_only=False)
+    flat = pc.list_flatten(values).to_numpy(zero_copy_only=False).astype(np.float64)
+    sizes = np.where(dense, counts, pc.fill_null(column.field("size"), 0).to_numpy(False))
+    if (sizes != spec.dims).any():
+        raise MLError(f"feature column '{spec.column}': every vector must have size {spec.dims}")
+    if not np.isfinite(flat).all():
+        raise MLError(f"feature column '{spec.column}' has a NaN or infinite value")
+    owner = np.repeat(np.arange(rows), counts)
+    starts = np.cumsum(counts) - counts  # where each row's values begin in ``flat``
+    places = np.arange(len(flat)) - starts[owner]  # a dense row's value i is feature i
+    sparse_values = ~dense[owner]
+    if sparse_values.any():
+        indices = pc.list_flatten(column.field("indices")).to_numpy(zero_copy_only=False)
+        places[sparse_values] = indices
+    out = np.zeros((rows, spec.dims))
+    out[owner, places] = flat
+    return out
