@@ -100,15 +100,17 @@ class MlflowSink(MetricsSink):
         self._parameters_logged: set[str] = set()  # iterflow run ids
         self._requests: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()  # runs at the same time push from their own threads
 
     def push(self, snapshot: MetricsSnapshot) -> None:
         request = _Request(snapshot)
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._send_requests, name="iterflow-mlflow", daemon=True
-            )
-            self._thread.start()
-        self._requests.put(request)
+        with self._thread_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._send_requests, name="iterflow-mlflow", daemon=True
+                )
+                self._thread.start()
+            self._requests.put(request)
         if not request.done.wait(self.timeout_s):
             raise TimeoutError(
                 f"no answer within {self.timeout_s:g} s; the request goes on in the background"
@@ -118,10 +120,12 @@ class MlflowSink(MetricsSink):
 
     def close(self) -> None:
         """Stop the sink's thread once the requests before it are sent (waits ``timeout_s``)."""
-        if self._thread is not None:
-            self._requests.put(None)
-            self._thread.join(self.timeout_s)
-            self._thread = None
+        with self._thread_lock:
+            thread, self._thread = self._thread, None
+            if thread is not None:
+                self._requests.put(None)
+        if thread is not None:
+            thread.join(self.timeout_s)
 
     def _send_requests(self) -> None:
         while (request := self._requests.get()) is not None:
@@ -146,8 +150,9 @@ class MlflowSink(MetricsSink):
             for progress in snapshot.rounds
             for key, value in round_points(progress)
         ]
-        created = self.run_id is None
-        if not (params or metrics or (created and snapshot.final)):
+        # A run the sink created ends with its final push.
+        ending = self.run_id is None and snapshot.final and snapshot.run_id in self.runs
+        if not (params or metrics or ending):
             return
         run_id = self._run_of(snapshot)
         failure: Exception | None = None
@@ -163,7 +168,7 @@ class MlflowSink(MetricsSink):
                 failure = error
         for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
             self._client.log_batch(run_id, metrics=metrics[start : start + MAX_METRICS_PER_BATCH])
-        if created and snapshot.final:
+        if self.run_id is None and snapshot.final:
             self._client.set_terminated(run_id)
         if failure is not None:
             raise failure
