@@ -34,7 +34,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "iterflow.records": (),
     "iterflow.windows": ("iterflow.errors",),
     "iterflow.termination": ("iterflow.errors", "iterflow.records"),
-    "iterflow.metrics": ("iterflow.errors",),
+    "iterflow.metrics": ("iterflow.errors", "iterflow.records"),
     "iterflow.progress": ("iterflow.errors", "iterflow.records", "iterflow.metrics"),
     # The body a user writes, and the builder both iteration kinds share.
     "iterflow.body": ("iterflow.errors", "iterflow.termination"),

@@ -30,6 +30,7 @@ from iterflow.metrics.sinks import (
     PrometheusSink,
 )
 from iterflow.metrics.values import DistributionValue, MetricResult, MetricsSnapshot
+from iterflow.records import RoundProgress
 
 # 2024-01-02T03:04:05Z as Unix time.
 TIME = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
@@ -395,6 +396,33 @@ def test_pusher_without_start_still_makes_the_final_push() -> None:
     pusher.stop()
 
     assert [s.final for s in sink.snapshots] == [True]
+
+
+def ended(epoch: int) -> RoundProgress:
+    return RoundProgress(epoch=epoch, epoch_watermark=epoch, started_at=TIME, duration_s=0.1)
+
+
+def test_each_sink_is_pushed_each_round_once_with_the_parameters() -> None:
+    fast, slow, flaky = RecordingSink("fast"), RecordingSink("slow"), FlakySink(failures=1)
+    pusher = MetricsPusher(SnapshotSource(), [(fast, 0.05), (slow, 3600.0), (flaky, 0.05)])
+    pusher.started({"conditions": [{"kind": "max_rounds", "n": 4}]})
+    pusher.start()
+    for epoch in range(4):
+        pusher.round_ended(ended(epoch))
+        # The next round ends after a push to the fast sinks, with this one in it.
+        wait_until(lambda n=epoch + 1: sum(len(s.rounds) for s in fast.snapshots) >= n)
+        wait_until(lambda: flaky.failures_left == 0 and flaky.snapshots)
+    pusher.stop()
+
+    def epochs(sink: RecordingSink) -> list[int]:
+        return [p.epoch for snapshot in sink.snapshots for p in snapshot.rounds]
+
+    assert epochs(fast) == [0, 1, 2, 3] and len(fast.snapshots) > 2
+    assert [len(s.rounds) for s in slow.snapshots] == [4]  # all in its only push, the final
+    # The failed push carried round 0: it is not sent again.
+    assert epochs(flaky) == [1, 2, 3]
+    for snapshot in fast.snapshots + slow.snapshots + flaky.snapshots:
+        assert snapshot.parameters == {"conditions": [{"kind": "max_rounds", "n": 4}]}
 
 
 def test_a_refused_sink_warns_once_and_others_get_every_push(

@@ -16,6 +16,7 @@ executors (UDFs, ``mapInPandas``, ``mapInArrow``) that captured them::
 Everything here is pure Python but the Spark bridge, which the round loops load.
 """
 
+from iterflow.metrics.mlflow_sink import MlflowSink
 from iterflow.metrics.registry import (
     Counter,
     Distribution,
@@ -46,6 +47,7 @@ __all__ = [
     "MetricResult",
     "MetricsSink",
     "MetricsSnapshot",
+    "MlflowSink",
     "PrometheusSink",
     "counter",
     "distribution",

@@ -1,7 +1,9 @@
 """Pushes metrics snapshots to sinks from a background thread while a run goes on.
 
 Pure Python: no Spark import. A failing sink logs a warning and never fails the
-run; a hanging one costs at most its own timeout per push.
+run; a hanging one costs at most its own timeout per push. Each snapshot also
+carries the rounds that ended since the previous push to its sink, so that a sink
+can record every round without slowing any of them.
 """
 
 from __future__ import annotations
@@ -10,25 +12,29 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
 from iterflow.errors import IterflowValueError
 from iterflow.metrics.sinks import MetricsSink
 from iterflow.metrics.values import MetricsSnapshot
+from iterflow.records import RoundProgress
 
 logger = logging.getLogger("iterflow.metrics")
 
 
 @attrs.define
 class _Schedule:
-    """One sink, its interval, when it is next due and how many pushes in a row failed."""
+    """One sink, its interval, when it is next due, how many pushes in a row failed and
+    how many of the run's rounds it was pushed."""
 
     sink: MetricsSink
     every_s: float
     due: float = 0.0
     failures: int = 0
+    rounds_pushed: int = 0
 
 
 def validate_interval(sink: MetricsSink, every_s: float) -> float:
@@ -49,7 +55,10 @@ class MetricsPusher:
     """Pushes ``snapshot(False)`` to each sink every ``every_s`` seconds, then a final one.
 
     ``start()`` starts a daemon thread; ``stop()`` ends it and pushes ``snapshot(True)``
-    to every sink before returning. Warnings go to the
+    to every sink before returning. ``started`` and ``round_ended`` hand over the
+    run's parameters and each round as it ends: every sink receives each round in
+    exactly one push, the one after it ended (a failed push is not repeated).
+    Warnings go to the
     ``iterflow.metrics`` logger when a sink starts failing and when it recovers.
 
     >>> pusher = MetricsPusher(take_snapshot, [(JsonLinesSink("m.jsonl"), 5.0)])  # doctest: +SKIP
@@ -69,6 +78,21 @@ class MetricsPusher:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self._lock = threading.Lock()  # rounds end on the run's thread, pushes go on this one
+        self._parameters: Mapping[str, Any] = {}
+        self._rounds: list[RoundProgress] = []  # the rounds some sink was not pushed yet
+        self._rounds_dropped = 0  # rounds every sink was pushed, no longer kept
+
+    def started(self, parameters: Mapping[str, Any]) -> None:
+        """The run started with ``parameters``; every snapshot carries them from now on."""
+        with self._lock:
+            self._parameters = dict(parameters)
+
+    def round_ended(self, progress: RoundProgress) -> None:
+        """Round ``progress.epoch`` ended: the next push to each sink carries it."""
+        if self._schedules:
+            with self._lock:
+                self._rounds.append(progress)
 
     def start(self) -> None:
         """Start pushing in a daemon thread; each sink's first push is one interval away."""
@@ -133,8 +157,13 @@ class MetricsPusher:
             )
             return
         for schedule in schedules:
+            with self._lock:
+                ended = self._rounds_dropped + len(self._rounds)
+                rounds = tuple(self._rounds[schedule.rounds_pushed - self._rounds_dropped :])
+                parameters = self._parameters
+            schedule.rounds_pushed = ended
             try:
-                schedule.sink.push(snapshot)
+                schedule.sink.push(attrs.evolve(snapshot, rounds=rounds, parameters=parameters))
             except Exception as error:
                 schedule.failures += 1
                 if schedule.failures == 1:
@@ -153,3 +182,11 @@ class MetricsPusher:
                         schedule.failures,
                     )
                 schedule.failures = 0
+        self._forget_pushed_rounds()
+
+    def _forget_pushed_rounds(self) -> None:
+        """Drop the rounds every sink was pushed already."""
+        with self._lock:
+            pushed = min(schedule.rounds_pushed for schedule in self._schedules)
+            del self._rounds[: pushed - self._rounds_dropped]
+            self._rounds_dropped = max(self._rounds_dropped, pushed)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from iterflow.metrics.values import DistributionValue, MetricsSnapshot, Value
+from iterflow.metrics.values import DistributionValue, MetricsSnapshot, number_fields
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -136,7 +136,7 @@ def graphite_lines(snapshot: MetricsSnapshot, prefix: str) -> Iterator[str]:
         # Dots in metric names are kept on purpose: they nest the metric in Graphite.
         base = ".".join((graphite_path(prefix), iteration, graphite_path(name)))
         for state in STATES:
-            for suffix, value in graphite_values(getattr(result, state)):
+            for suffix, value in number_fields(getattr(result, state)):
                 if value is not None:
                     yield f"{base}.{state}{suffix} {value} {timestamp}\n"
 
@@ -144,13 +144,6 @@ def graphite_lines(snapshot: MetricsSnapshot, prefix: str) -> Iterator[str]:
 def graphite_path(dotted: str) -> str:
     """``dotted`` with whitespace and characters Graphite mishandles replaced by ``_``."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", dotted)
-
-
-def graphite_values(value: Value) -> list[tuple[str, int | float | None]]:
-    """(path suffix, number) pairs of one value: a distribution has five."""
-    if isinstance(value, DistributionValue):
-        return [(f".{field}", number) for field, number in value.to_dict().items()]
-    return [("", value)]
 
 
 class PrometheusSink(MetricsSink):

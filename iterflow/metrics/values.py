@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 import attrs
 
+from iterflow.records import RoundProgress
+
 Kind = Literal["counter", "distribution", "gauge"]
 KINDS: tuple[Kind, ...] = ("counter", "distribution", "gauge")
 
@@ -60,6 +62,14 @@ class MetricResult:
     attempted: Value
 
 
+def number_fields(value: Value) -> list[tuple[str, int | float | None]]:
+    """(name suffix, number) pairs of one value, as flat sinks report it: a distribution
+    has five (``.count``, ``.sum``, ``.min``, ``.max``, ``.mean``)."""
+    if isinstance(value, DistributionValue):
+        return [(f".{field}", number) for field, number in value.to_dict().items()]
+    return [("", value)]
+
+
 def value_to_json(value: Value) -> Any:
     """``value`` as JSON-ready data: distributions become objects, the rest stays."""
     return value.to_dict() if isinstance(value, DistributionValue) else value
@@ -70,7 +80,13 @@ class MetricsSnapshot:
     """The metrics of a run at one moment, as pushed to sinks.
 
     ``epoch`` is the last completed round (None before round 0 completes);
-    ``final`` is True for the push made when the run ends.
+    ``final`` is True for the push made when the run ends; ``metrics`` are the
+    run's totals. For sinks that record each round: ``rounds`` holds the rounds
+    that ended since the previous push to the receiving sink (at its first push,
+    every round so far), in the order they ended, each with its metric values;
+    ``parameters`` is what the run started with, as its ``iteration_started``
+    event tells it (``inputs``, ``conditions``, ``resumed_from``), empty when
+    the push came before the run started.
     """
 
     iteration: str
@@ -79,9 +95,12 @@ class MetricsSnapshot:
     epoch: int | None
     final: bool
     metrics: Mapping[str, MetricResult]
+    rounds: tuple[RoundProgress, ...] = ()
+    parameters: Mapping[str, Any] = attrs.field(factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form, the body of ``HttpJsonSink`` posts and ``JsonLinesSink`` lines."""
+        """JSON-ready form, the body of ``HttpJsonSink`` posts and ``JsonLinesSink`` lines:
+        the totals, without ``rounds`` and ``parameters`` (the event log has those)."""
         return {
             "time": self.time.isoformat(),
             "iteration": self.iteration,

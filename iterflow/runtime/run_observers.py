@@ -172,14 +172,18 @@ class RunObservers:
         """
         if resumed_from is not None:
             self._bar.resume(resumed_from + 1)
+        parameters: dict[str, Any] = {
+            "inputs": describe_inputs(inputs, replay),
+            "conditions": [c.describe() for c in conditions],
+            "resumed_from": resumed_from,
+        }
+        self._pusher.started(parameters)
         if self._log is not None:
             log = self._log
             described: dict[str, Any] = {
                 "run_id": self.run_id,
                 "iteration": self.iteration,
-                "resumed_from": resumed_from,
-                "inputs": describe_inputs(inputs, replay),
-                "conditions": [c.describe() for c in conditions],
+                **parameters,
                 "parent_run_id": None if self.parent is None else self.parent.run_id,
                 "epoch_path": self.path,
             }
@@ -292,6 +296,7 @@ class RunObservers:
             self.flush_start()
             self._log.round_end(run_id=self.run_id, progress=progress)
         self._bar.round_end(progress, max_rounds=max_rounds_of(conditions))
+        self._pusher.round_ended(progress)
 
     def rolled_back(self, epoch: int) -> None:
         """The run continues after the durable checkpoint of ``epoch``: the rounds after it
