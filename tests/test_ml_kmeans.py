@@ -8,7 +8,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import iterflow as itf
 from iterflow.ml import MLError, kmeans
 
 FLINK_POINTS = [(0.0, 0.0), (0.0, 0.3), (0.3, 0.0), (9.0, 0.0), (9.0, 0.6), (9.6, 0.0)]

@@ -3,12 +3,23 @@
 Each is a short iteration body that users can read as a model for their own.
 """
 
-from iterflow.ml.kmeans import KMeansModel, kmeans
+from iterflow.ml.estimators import (
+    LinearRegression,
+    LinearRegressionModel,
+    LogisticRegression,
+    LogisticRegressionModel,
+)
+from iterflow.ml.kmeans import KMeans, KMeansModel, kmeans
 from iterflow.ml.model import MLError
 from iterflow.ml.regression import RegressionModel, linear_regression, logistic_regression
 
 __all__ = [
+    "KMeans",
     "KMeansModel",
+    "LinearRegression",
+    "LinearRegressionModel",
+    "LogisticRegression",
+    "LogisticRegressionModel",
     "MLError",
     "RegressionModel",
     "kmeans",

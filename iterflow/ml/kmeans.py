@@ -415,7 +415,13 @@ def kmeans(
             drawn = chosen.orderBy(F.rand(seed)).limit(wanted).collect()
         if not drawn:
             raise MLError("kmeans() needs at least one point")
+        if any(r[0] is None or None in r[0] for r in drawn):
+            raise MLError(f"feature column(s) {list(spec.columns)}: a row has a null value")
         sample = np.array([r[0] for r in drawn], dtype=np.float64).reshape(-1, spec.dims)
+        if not np.isfinite(sample).all():
+            raise MLError(
+                f"feature column(s) {list(spec.columns)}: a row has a NaN or infinite value"
+            )
         start = sample if init == "random" else plus_plus(sample, k, seed)
     else:
         start = np.asarray(init, dtype=np.float64)
