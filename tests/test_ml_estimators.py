@@ -195,3 +195,148 @@ def test_standard_scaler_then_kmeans_in_a_pipeline(spark, blobs):
     sizes = sorted(r["count"] for r in fitted.transform(df).groupBy("prediction").count().collect())
     assert sizes == [120, 120, 120]
     assert fitted.stages[-1].termination.reason == "converged"
+
+
+# Regression Estimators, against MLlib's on the same data and Pipelines.
+
+
+@pytest.fixture(scope="module")
+def classes(spark):
+    """Noisy two-class data in three numeric columns of different scales."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(600, 3)) * np.array([1.0, 10.0, 0.1])
+    margin = x @ np.array([1.2, -0.15, 6.0]) - 0.4
+    y = (rng.random(600) < 1.0 / (1.0 + np.exp(-margin))).astype(float)
+    return x, y
+
+
+def classes_frame(spark, x, y, **extra):
+    return columns_frame(spark, x, label=y, **extra)
+
+
+def lr_pipeline(estimator):
+    return Pipeline(
+        stages=[
+            VectorAssembler(inputCols=["c0", "c1", "c2"], outputCol="raw"),
+            StandardScaler(inputCol="raw", outputCol="features"),
+            estimator,
+        ]
+    )
+
+
+def test_logistic_pipeline_matches_mllib_and_survives_save_and_load(spark, classes, tmp_path):
+    from pyspark.ml.classification import LogisticRegression as MLlibLogistic
+
+    from iterflow.ml import LogisticRegression, LogisticRegressionModel
+
+    df = classes_frame(spark, *classes)
+    ours = lr_pipeline(
+        LogisticRegression(regParam=0.01, tol=1e-10).setIterationOptions(progress=False)
+    )
+    theirs = lr_pipeline(MLlibLogistic(regParam=0.01, tol=1e-10))
+    fitted, reference = ours.fit(df), theirs.fit(df)
+    model = fitted.stages[-1]
+    assert isinstance(model, LogisticRegressionModel)
+    np.testing.assert_allclose(
+        model.coefficients.toArray(), reference.stages[-1].coefficients.toArray(), atol=1e-4
+    )
+    assert model.intercept == pytest.approx(reference.stages[-1].intercept, abs=1e-4)
+    assert model.summary.totalIterations >= 1
+    assert model.summary.objectiveHistory[-1] == pytest.approx(
+        reference.stages[-1].summary.objectiveHistory[-1], abs=1e-6
+    )
+
+    columns = ["c0", "c1", "c2", "rawPrediction", "probability", "prediction"]
+    predicted = fitted.transform(df).select(*columns).orderBy("c0").collect()
+    expected = reference.transform(df).select(*columns).orderBy("c0").collect()
+    assert dict(fitted.transform(df).dtypes) == dict(reference.transform(df).dtypes)
+    for a, b in zip(predicted, expected, strict=True):
+        np.testing.assert_allclose(
+            a["probability"].toArray(), b["probability"].toArray(), atol=1e-4
+        )
+        np.testing.assert_allclose(
+            a["rawPrediction"].toArray(), b["rawPrediction"].toArray(), atol=1e-3
+        )
+    pairs = zip(predicted, expected, strict=True)
+    agree = sum(a["prediction"] == b["prediction"] for a, b in pairs)
+    assert agree >= len(expected) - 2  # only points on the boundary may differ
+
+    fitted.write().save(str(tmp_path / "lr"))
+    loaded = PipelineModel.load(str(tmp_path / "lr"))
+    assert loaded.transform(df).select(*columns).orderBy("c0").collect() == predicted
+    restored = loaded.stages[-1]
+    assert restored.getRegParam() == 0.01 and restored.coefficients == model.coefficients
+    point = fitted.transform(df).select("features", "probability", "prediction").first()
+    np.testing.assert_allclose(
+        restored.predictProbability(point["features"]).toArray(),
+        point["probability"].toArray(),
+        atol=1e-12,
+    )
+    assert restored.predict(point["features"]) == point["prediction"]
+
+
+def test_cross_validator_picks_the_regparam_mllib_picks(spark, classes):
+    from pyspark.ml.classification import LogisticRegression as MLlibLogistic
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+    from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
+
+    from iterflow.ml import LogisticRegression
+
+    df = classes_frame(spark, *classes).cache()
+    evaluator = MulticlassClassificationEvaluator(metricName="logLoss")
+    picks = []
+    for estimator in (
+        LogisticRegression(tol=1e-8).setIterationOptions(progress=False),
+        MLlibLogistic(tol=1e-8),
+    ):
+        grid = ParamGridBuilder().addGrid(estimator.regParam, [0.3, 0.03, 0.0]).build()
+        cv = CrossValidator(
+            estimator=lr_pipeline(estimator),
+            estimatorParamMaps=grid,
+            evaluator=evaluator,
+            numFolds=3,
+            seed=7,
+        )
+        fitted = cv.fit(df)
+        picks.append((fitted.bestModel.stages[-1].getRegParam(), fitted.avgMetrics))
+    (ours, our_metrics), (theirs, their_metrics) = picks
+    assert ours == theirs
+    np.testing.assert_allclose(our_metrics, their_metrics, atol=1e-4)
+
+
+def test_linear_estimator_matches_mllib_with_standardization_and_sparse_vectors(spark):
+    from pyspark.ml.regression import LinearRegression as MLlibLinear
+
+    from iterflow.ml import LinearRegression
+
+    rng = np.random.default_rng(4)
+    x = np.where(rng.random((500, 4)) < 0.4, 0.0, rng.normal(size=(500, 4)) * [1, 5, 0.5, 2])
+    y = x @ np.array([2.0, -0.3, 4.0, 0.0]) + 1.5 + rng.normal(0, 0.5, 500)
+    dense, sparse = assembled(spark, x, label=y), sparse_frame(spark, x, label=y)
+    params = {"regParam": 0.1, "elasticNetParam": 0.0, "tol": 1e-10, "maxIter": 200}
+    reference = MLlibLinear(solver="l-bfgs", **params).fit(dense)
+    fits = [
+        LinearRegression(**params).setIterationOptions(progress=False).fit(df)
+        for df in (dense, sparse)
+    ]
+    for model in fits:
+        np.testing.assert_allclose(
+            model.coefficients.toArray(), reference.coefficients.toArray(), atol=1e-4
+        )
+        assert model.intercept == pytest.approx(reference.intercept, abs=1e-4)
+    predicted = fits[1].transform(sparse).select("prediction").collect()
+    scores = x @ fits[1].coefficients.toArray() + fits[1].intercept
+    np.testing.assert_allclose(sorted(r[0] for r in predicted), sorted(scores), atol=1e-9)
+
+
+def test_regression_estimators_name_bad_params_and_labels(spark, classes):
+    from iterflow.ml import LinearRegression, LogisticRegression
+
+    with pytest.raises(MLError, match=r"no Param\(s\) \['maxIters'\]"):
+        LogisticRegression(maxIters=5)
+    with pytest.raises(MLError, match="solver='newton'"):
+        LinearRegression(solver="newton")
+    x, y = classes
+    df = assembled(spark, x, label=np.where(np.arange(len(y)) == 5, 2.0, y))
+    with pytest.raises(MLError, match=r"label column 'label'.* 0 and 1"):
+        LogisticRegression().setIterationOptions(progress=False).fit(df)

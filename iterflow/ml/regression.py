@@ -69,6 +69,22 @@ def design(
     return prepare
 
 
+def binary_labels(
+    prepare: Callable[[pa.Table], pa.Table], label: str
+) -> Callable[[pa.Table], pa.Table]:
+    """``prepare``, checking that every label is 0 or 1 (logistic regression's)."""
+
+    def checked(table: pa.Table) -> pa.Table:
+        prepared = prepare(table)
+        y = prepared["y"].to_numpy()
+        if not ((y == 0.0) | (y == 1.0)).all():
+            odd = sorted(set(y[(y != 0.0) & (y != 1.0)].tolist()))[:3]
+            raise MLError(f"label column '{label}' must hold 0 and 1 only; found {odd}")
+        return prepared
+
+    return checked
+
+
 class GradientStep(ModelStep):
     """One step of gradient descent from ``coefficients`` (intercept last): the accumulator
     is the summed gradient, loss and weight of the rows (of the round's mini-batch), and the
@@ -256,6 +272,8 @@ def _fit(df: DataFrame, options: FitOptions) -> RegressionModel:
         MODEL_SCHEMA,
     )
     prepare = design(spec, options.label, options.weight, options.class_weight)
+    if options.kind == "logistic":
+        prepare = binary_labels(prepare, options.label)
     iteration = (
         itf.BoundedIteration(regression_body(options, prepare))
         .bind("model", start)
