@@ -26,6 +26,7 @@ termination ``converged``. A loss or step that becomes NaN or infinite raises
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -37,9 +38,11 @@ from pyspark.sql import functions as F
 
 import iterflow as itf
 from iterflow.ml.features import Features, features_of, matrix, numbers
-from iterflow.ml.model import Fitted, MLError, ModelStep, model_field, worker_errors
+from iterflow.ml.model import Fitted, MLError, ModelStep, model_field, model_row, worker_errors
 
 MODEL_SCHEMA = "coefficients ARRAY<DOUBLE>, loss DOUBLE, change DOUBLE"
+#: ``solver=``: gradient descent, or L-BFGS (OWL-QN with an L1 part) as Spark MLlib runs it.
+SOLVERS = ("gd", "lbfgs")
 #: The column that brings every row's partition to ``prepare``: a partition's mini-batch
 #: is drawn from a stream seeded by (seed, epoch, partition), the same on every path.
 PARTITION = "__partition"
@@ -85,6 +88,24 @@ def binary_labels(
     return checked
 
 
+def loss_sums(
+    kind: str, x: np.ndarray, y: np.ndarray, v: np.ndarray, coefficients: np.ndarray
+) -> tuple[np.ndarray, float]:
+    """The rows' summed loss at ``coefficients`` (intercept last) and its gradient: the
+    kernel of both solvers. Linear: ``sum v (z - y)^2 / 2``; logistic: ``sum v log(1 +
+    exp(-(2y-1) z))``, with ``z = x.w + b``."""
+    z = x @ coefficients[:-1] + coefficients[-1]
+    if kind == "linear":
+        residual = z - y
+        loss = 0.5 * float(np.sum(v * residual**2))
+        slope = v * residual
+    else:
+        sign = 2.0 * y - 1.0
+        loss = float(np.sum(v * np.logaddexp(0.0, -sign * z)))
+        slope = v * (1.0 / (1.0 + np.exp(-z)) - y)
+    return np.append(x.T @ slope, slope.sum()), loss
+
+
 class GradientStep(ModelStep):
     """One step of gradient descent from ``coefficients`` (intercept last): the accumulator
     is the summed gradient, loss and weight of the rows (of the round's mini-batch), and the
@@ -98,6 +119,7 @@ class GradientStep(ModelStep):
         self.kind = kind
         self.coefficients = coefficients
         self.learning_rate, self.reg = options.learning_rate, options.reg
+        self.fit_intercept = options.fit_intercept
         self.fraction, self.seed, self.epoch = options.batch_fraction, options.seed, epoch
 
     def create_accumulator(self) -> tuple[Any, ...]:
@@ -114,17 +136,9 @@ class GradientStep(ModelStep):
             stream.advance(seen)
             keep = np.random.Generator(stream).random(batch.num_rows) < self.fraction
             x, y, v = x[keep], y[keep], v[keep]
-        z = x @ coefficients[:-1] + coefficients[-1]
-        if self.kind == "linear":
-            residual = z - y
-            part_loss = 0.5 * float(np.sum(v * residual**2))
-            slope = v * residual
-        else:
-            sign = 2.0 * y - 1.0
-            part_loss = float(np.sum(v * np.logaddexp(0.0, -sign * z)))
-            slope = v * (1.0 / (1.0 + np.exp(-z)) - y)
+        part_gradient, part_loss = loss_sums(self.kind, x, y, v, coefficients)
         return (
-            gradient + np.append(x.T @ slope, slope.sum()),
+            gradient + part_gradient,
             loss + part_loss,
             weight + float(v.sum()),
             seen + batch.num_rows,
@@ -146,6 +160,8 @@ class GradientStep(ModelStep):
         with np.errstate(over="ignore", invalid="ignore"):
             loss = loss / total + 0.5 * reg * float(penalty @ penalty)
             step = self.learning_rate * (gradient / total + reg * penalty)
+            if not self.fit_intercept:
+                step[-1] = 0.0  # the intercept stays 0
             change = float(np.linalg.norm(step))
         self.loss.set(loss)
         return pa.table(
@@ -174,6 +190,21 @@ def _fraction(instance: object, field: attrs.Attribute[float], value: float) -> 
         raise MLError(f"{field.name}={value} must be in (0, 1]")
 
 
+def _unit(instance: object, field: attrs.Attribute[float], value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise MLError(f"{field.name}={value} must be in [0, 1]")
+
+
+def _solver(instance: object, field: attrs.Attribute[str], value: str) -> None:
+    if value not in SOLVERS:
+        raise MLError(f"solver={value!r} is not one of {list(SOLVERS)}")
+
+
+def _memory(instance: object, field: attrs.Attribute[int], value: int) -> None:
+    if value < 1:
+        raise MLError(f"memory={value} must be at least 1 (pairs kept by L-BFGS)")
+
+
 @attrs.frozen(kw_only=True)
 class FitOptions:
     """What ``linear_regression`` and ``logistic_regression`` were asked for, as one value;
@@ -193,6 +224,28 @@ class FitOptions:
     seed: int
     listen: Any
     run_options: Mapping[str, Any]
+    solver: str = attrs.field(default="gd", validator=_solver)
+    elastic_net: float = attrs.field(default=0.0, validator=_unit)
+    standardization: bool = False
+    fit_intercept: bool = True
+    memory: int = attrs.field(default=10, validator=_memory)
+
+    def __attrs_post_init__(self) -> None:
+        if self.solver == "gd":
+            if self.elastic_net > 0:
+                raise MLError(
+                    f"elastic_net={self.elastic_net} needs solver='lbfgs' (OWL-QN); "
+                    "gradient descent takes an L2 penalty only"
+                )
+            if self.standardization:
+                raise MLError("standardization=True needs solver='lbfgs'")
+        elif self.batch_fraction < 1.0:
+            raise MLError(
+                f"batch_fraction={self.batch_fraction} is for solver='gd'; L-BFGS evaluates "
+                "every row in every round"
+            )
+        elif self.loss_tol is not None:
+            raise MLError("loss_tol is for solver='gd'; L-BFGS stops by tol, as Spark MLlib")
 
     @property
     def names(self) -> list[str]:
@@ -235,13 +288,24 @@ def regression_body(
 
 @attrs.frozen
 class RegressionModel(Fitted):
-    """A fitted model: ``coefficients`` (d,), ``intercept``, and the run that made it."""
+    """A fitted model: ``coefficients`` (d,), ``intercept``, and the run that made it.
+
+    Like MLlib's training summary, ``objective_history`` holds the objective at every
+    iterate, the first included (gradient descent: every round's ``loss``; L-BFGS: the
+    optimizer's objective, in its standardized space for a linear model, as MLlib's),
+    ``total_iterations`` counts the iterations (MLlib's ``totalIterations``), and
+    ``stop_reason`` says why L-BFGS stopped (MLlib's reasons; None for gradient descent).
+    """
 
     kind: str
     coefficients: np.ndarray
     intercept: float
     features: Sequence[str] | str
     result: itf.IterationResult = attrs.field(repr=False)
+    objective_history: np.ndarray = attrs.field(factory=lambda: np.zeros(0), repr=False)
+    total_iterations: int = 0
+    solver: str = "gd"
+    stop_reason: str | None = None
 
     def predict(self, df: DataFrame, output: str = "prediction") -> DataFrame:
         """``df`` with ``output``: the fitted value (linear) or the probability of label 1
@@ -260,6 +324,12 @@ def _fit(df: DataFrame, options: FitOptions) -> RegressionModel:
     if missing:
         raise MLError(f"no column(s) {missing}; the columns are {df.columns}")
     spec = features_of(df, options.features, f"{options.kind}_regression()")
+    prepare = design(spec, options.label, options.weight, options.class_weight)
+    if options.kind == "logistic":
+        prepare = binary_labels(prepare, options.label)
+    features = options.features if isinstance(options.features, str) else options.names
+    if options.solver == "lbfgs":
+        return _fit_lbfgs(df, options, spec, features, prepare)
     start = df.sparkSession.createDataFrame(
         pa.table(
             [
@@ -271,9 +341,6 @@ def _fit(df: DataFrame, options: FitOptions) -> RegressionModel:
         ),
         MODEL_SCHEMA,
     )
-    prepare = design(spec, options.label, options.weight, options.class_weight)
-    if options.kind == "logistic":
-        prepare = binary_labels(prepare, options.label)
     iteration = (
         itf.BoundedIteration(regression_body(options, prepare))
         .bind("model", start)
@@ -285,8 +352,54 @@ def _fit(df: DataFrame, options: FitOptions) -> RegressionModel:
     with worker_errors():
         result = iteration.run(**options.run_options)
     final = coefficients_of(result.outputs["model"])
-    features = options.features if isinstance(options.features, str) else options.names
-    return RegressionModel(options.kind, final[:-1], float(final[-1]), features, result)
+    losses = np.array([float(p.metrics["loss"]) for p in result.history])
+    return RegressionModel(
+        options.kind, final[:-1], float(final[-1]), features, result, losses, result.rounds
+    )
+
+
+def _fit_lbfgs(
+    df: DataFrame,
+    options: FitOptions,
+    spec: Features,
+    features: Sequence[str] | str,
+    prepare: Callable[[pa.Table], pa.Table],
+) -> RegressionModel:
+    # Imported here: the L-BFGS body shares this module's kernel and design.
+    from iterflow.ml import lbfgs_regression
+
+    start = lbfgs_regression.start_model(df.sparkSession, spec.dims)
+    iteration = (
+        itf.BoundedIteration(lbfgs_regression.lbfgs_body(options, prepare, spec.dims))
+        .bind("model", start)
+        .bind("rows", df)
+    )
+    if options.listen is not None:
+        iteration = iteration.listen(options.listen)
+    with worker_errors():
+        result = iteration.run(**options.run_options)
+    row = model_row(result.outputs["model"])
+    final = np.array(row["coefficients"], dtype=np.float64)
+    history = np.array(row["objective_history"], dtype=np.float64)
+    if row["status"] == lbfgs_regression.lbfgs.SEARCH_FAILED:
+        warnings.warn(
+            f"L-BFGS stopped after {len(history) - 1} iterations: its line search failed "
+            "twice in a row (the objective may be badly scaled); the coefficients are the "
+            "last accepted ones",
+            itf.IterflowWarning,
+            stacklevel=3,
+        )
+    return RegressionModel(
+        options.kind,
+        final[:-1],
+        float(final[-1]),
+        features,
+        result,
+        history,
+        max(len(history) - 1, 0),
+        "lbfgs",
+        str(row["status"]),
+    )
 
 
 def linear_regression(
@@ -302,10 +415,19 @@ def linear_regression(
     loss_tol: float | None = None,
     batch_fraction: float = 1.0,
     seed: int = 0,
+    solver: str = "gd",
+    elastic_net: float = 0.0,
+    standardization: bool = False,
+    fit_intercept: bool = True,
+    memory: int = 10,
     listen: Any = None,
     **run_options: Any,
 ) -> RegressionModel:
     """Least squares (ridge with ``reg``) by gradient descent; see the module docstring.
+    ``solver="lbfgs"`` fits Spark MLlib's ``LinearRegression(solver="l-bfgs")`` objective
+    (``reg``, ``elastic_net``, ``standardization``) with L-BFGS, or OWL-QN with an L1 part;
+    ``max_rounds`` then counts its iterations and ``tol`` is MLlib's
+    (``iterflow.ml.lbfgs_regression``).
 
     Example::
 
@@ -326,6 +448,11 @@ def linear_regression(
         seed=seed,
         listen=listen,
         run_options=run_options,
+        solver=solver,
+        elastic_net=elastic_net,
+        standardization=standardization,
+        fit_intercept=fit_intercept,
+        memory=memory,
     )
     return _fit(df, options)
 
@@ -344,16 +471,26 @@ def logistic_regression(
     loss_tol: float | None = None,
     batch_fraction: float = 1.0,
     seed: int = 0,
+    solver: str = "gd",
+    elastic_net: float = 0.0,
+    standardization: bool = False,
+    fit_intercept: bool = True,
+    memory: int = 10,
     listen: Any = None,
     **run_options: Any,
 ) -> RegressionModel:
     """Binary logistic regression (labels 0 and 1) by gradient descent; ``class_weight``
     maps a label to a factor on its rows' weights. See the module docstring.
+    ``solver="lbfgs"`` fits Spark MLlib's ``LogisticRegression`` objective (``reg``,
+    ``elastic_net``, ``standardization``) as MLlib does, with L-BFGS or OWL-QN; ``max_rounds``
+    then counts its iterations and ``tol`` is MLlib's (``iterflow.ml.lbfgs_regression``).
 
     Example::
 
         model = logistic_regression(df, features=["x1", "x2"], label="clicked", reg=0.01)
         model.predict(df).select("prediction")   # probability of label 1
+        fit = logistic_regression(df, features=["x1", "x2"], label="clicked", solver="lbfgs")
+        fit.objective_history, fit.total_iterations, fit.stop_reason
     """
     options = FitOptions(
         kind="logistic",
@@ -370,5 +507,10 @@ def logistic_regression(
         seed=seed,
         listen=listen,
         run_options=run_options,
+        solver=solver,
+        elastic_net=elastic_net,
+        standardization=standardization,
+        fit_intercept=fit_intercept,
+        memory=memory,
     )
     return _fit(df, options)

@@ -1,0 +1,342 @@
+"""The regressions with ``solver="lbfgs"``: Spark MLlib's objective, solved by
+``iterflow.ml.lbfgs`` one evaluation per round.
+
+Round 0 is one ``itf.combine`` of ``Statistics``: per feature (and the label) the weighted
+mean and standard deviation (the weighted sample std, as MLlib's summarizer), the weight
+sum and the weight of label 1. Its output starts the optimizer. Every later round is one
+``itf.combine`` of ``Evaluation``: numpy sums the rows' loss and gradient at the
+optimizer's trial point (the same kernel as gradient descent), and ``extract_output``, on
+the driver, turns the sums into the objective and its gradient and advances the optimizer.
+Everything lives in the one-row model (statistics, optimizer state, histories), so a run
+resumed from a checkpoint continues exactly; ``running`` turns 0 when the optimizer stops,
+NaN when the objective stops being finite (a ``DivergenceError`` naming the round).
+
+The objective is MLlib's, in its standardized space: coefficients ``w_j = beta_j sigma_j``
+(a feature with sigma 0 gets coefficient 0), the intercept not penalized, and::
+
+    mean loss + reg * ((1 - elastic_net) / 2 * sum p_j w_j^2 + elastic_net * sum q_j |w_j|)
+
+with ``p_j = q_j = 1`` under ``standardization=True`` and ``p_j = 1/sigma_j^2``,
+``q_j = 1/sigma_j`` otherwise (the same penalty as on the raw coefficients). Logistic: the
+mean log loss, features centered when there is an intercept (which starts at the log-odds of
+the labels). Linear: half the mean squared error of the standardized label ``(y - mean) /
+sd``, ``reg`` divided by the label's sd, the intercept found in closed form at the end.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+import iterflow as itf
+from iterflow.ml import lbfgs
+from iterflow.ml.model import ModelStep, model_field, model_row
+from iterflow.ml.regression import PARTITION, loss_sums
+
+if TYPE_CHECKING:
+    from iterflow.ml.regression import FitOptions
+
+#: The model of an L-BFGS run, one row: the coefficients in the raw space (intercept last)
+#: and the objective at them, whether the optimizer runs, the data's statistics, and the
+#: optimizer's state (``lbfgs.OptimizerState``).
+MODEL_SCHEMA = (
+    "coefficients ARRAY<DOUBLE>, loss DOUBLE, running DOUBLE, statistics ARRAY<DOUBLE>, "
+    "x ARRAY<DOUBLE>, value DOUBLE, gradient ARRAY<DOUBLE>, direction ARRAY<DOUBLE>, "
+    "trial ARRAY<DOUBLE>, steps ARRAY<DOUBLE>, gradient_changes ARRAY<DOUBLE>, "
+    "search ARRAY<DOUBLE>, iteration INT, failed_once BOOLEAN, initial DOUBLE, "
+    "recent ARRAY<DOUBLE>, objective_history ARRAY<DOUBLE>, evaluations INT, status STRING"
+)
+NAMES = [column.strip().split(" ")[0] for column in MODEL_SCHEMA.split(", ")]
+#: ``status`` before round 0 has measured the data; or when there was nothing to fit.
+STATISTICS = "statistics"
+CONSTANT_LABEL = "constant label"
+
+
+def model_table(columns: dict[str, Any]) -> pa.Table:
+    """One model row from named values (arrays become list cells)."""
+    cells = [
+        itf.vector_cell(np.asarray(columns[name], dtype=np.float64))
+        if isinstance(columns[name], np.ndarray)
+        else pa.array([columns[name]])
+        for name in NAMES
+    ]
+    return pa.table(cells, names=NAMES)
+
+
+def start_model(spark: SparkSession, features: int) -> DataFrame:
+    """The round-0 model: nothing measured yet."""
+    state = lbfgs.begin(np.zeros(0))
+    state.status = STATISTICS
+    columns = {
+        "coefficients": np.zeros(features + 1),
+        "loss": math.nan,
+        "running": 1.0,
+        "statistics": np.zeros(0),
+        **state.columns(),
+    }
+    return spark.createDataFrame(model_table(columns), MODEL_SCHEMA)
+
+
+@attrs.frozen
+class Objective:
+    """MLlib's objective for one fit, from the data's statistics: the map between the
+    optimizer's (standardized) coordinates and the raw coefficients, the loss and the
+    penalties."""
+
+    kind: str
+    fit_intercept: bool
+    mean: np.ndarray
+    std: np.ndarray
+    label_mean: float
+    label_std: float
+    l2: float
+    l2_weights: np.ndarray
+    l1: np.ndarray
+
+    @classmethod
+    def of(cls, options: FitOptions, statistics: np.ndarray) -> Objective:
+        d = (len(statistics) - 4) // 2
+        mean, std = statistics[4 : 4 + d], statistics[4 + d :]
+        label_mean, label_std = float(statistics[2]), float(statistics[3])
+        inverse = _inverse(std)
+        reg = options.reg
+        if options.kind == "linear":
+            # MLlib fits the label divided by its sd, so it divides the penalty too.
+            label_std = label_std if label_std > 0 else abs(label_mean)
+            reg = reg / label_std
+        l1_part = options.elastic_net * reg
+        q = np.ones(d) if options.standardization else inverse
+        l1 = q * l1_part
+        if options.kind == "logistic" and options.fit_intercept:
+            l1 = np.append(l1, 0.0)  # the intercept is not penalized
+        return cls(
+            kind=options.kind,
+            fit_intercept=options.fit_intercept,
+            mean=mean,
+            std=std,
+            label_mean=label_mean,
+            label_std=label_std,
+            l2=(1.0 - options.elastic_net) * reg,
+            l2_weights=np.ones(d) if options.standardization else inverse**2,
+            l1=l1,
+        )
+
+    @property
+    def features(self) -> int:
+        return len(self.mean)
+
+    def starting_point(self, positives: float, weight: float) -> np.ndarray:
+        """MLlib's: 0, and for a logistic intercept the log-odds of the labels."""
+        if self.kind == "linear":
+            return np.zeros(self.features)
+        if not self.fit_intercept:
+            return np.zeros(self.features)
+        return np.append(np.zeros(self.features), math.log(positives / (weight - positives)))
+
+    def raw(self, w: np.ndarray) -> np.ndarray:
+        """The raw coefficients (intercept last) at the optimizer's point ``w``."""
+        d, inverse = self.features, _inverse(self.std)
+        if self.kind == "linear":
+            beta = w * inverse * self.label_std
+            intercept = self.label_mean - float(beta @ self.mean) if self.fit_intercept else 0.0
+        else:
+            beta = w[:d] * inverse
+            # Centered features: the intercept absorbs the means.
+            intercept = w[d] - float(beta @ self.mean) if self.fit_intercept else 0.0
+        return np.append(beta, intercept)
+
+    def value_and_gradient(
+        self, w: np.ndarray, sums: np.ndarray, loss: float, weight: float
+    ) -> tuple[float, np.ndarray]:
+        """The smooth objective at ``w`` (the L1 part is the optimizer's) and its gradient,
+        from the rows' sums at ``raw(w)`` (``loss_sums``: gradient, loss) and weight."""
+        d, inverse = self.features, _inverse(self.std)
+        with np.errstate(all="ignore"):
+            if self.kind == "linear":
+                value = loss / (self.label_std**2 * weight)
+                gradient = sums[:d] * inverse / (self.label_std * weight)
+            elif self.fit_intercept:
+                value = loss / weight
+                features = (sums[:d] - self.mean * sums[d]) * inverse / weight
+                gradient = np.append(features, sums[d] / weight)
+            else:
+                value = loss / weight
+                gradient = sums[:d] * inverse / weight
+            coefficients = w[:d]
+            value += 0.5 * self.l2 * float(self.l2_weights @ coefficients**2)
+            gradient[:d] += self.l2 * self.l2_weights * coefficients
+        return float(value), gradient
+
+
+def _inverse(std: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.where(std > 0, 1.0 / std, 0.0)
+
+
+def _settings(options: FitOptions, objective: Objective) -> lbfgs.Settings:
+    return lbfgs.Settings(
+        memory=options.memory,
+        max_iterations=options.max_rounds,
+        tol=options.tol if options.tol is not None else 0.0,
+        l1=objective.l1,
+    )
+
+
+def _columns(
+    objective: Objective, statistics: np.ndarray, state: lbfgs.OptimizerState
+) -> dict[str, Any]:
+    """The model row for ``state``: its accepted point as raw coefficients."""
+    coefficients = state.x if state.status == CONSTANT_LABEL else objective.raw(state.x)
+    running = 1.0 if state.running else 0.0
+    if state.status == lbfgs.DIVERGED:
+        running = math.nan
+    return {
+        "coefficients": coefficients,
+        "loss": state.history[-1] if state.history else math.nan,
+        "running": running,
+        "statistics": statistics,
+        **state.columns(),
+    }
+
+
+class Statistics(ModelStep):
+    """Round 0: the weight sum, the weight of label 1, and the weighted mean and sample
+    std of every feature and of the label (merged as Chan et al.: counts, means and sums
+    of squared deviations). The output starts the optimizer."""
+
+    def __init__(self, options: FitOptions, features: int, loss: Any) -> None:
+        super().__init__(loss)
+        self.options, self.features = options, features
+
+    def create_accumulator(self) -> tuple[Any, ...]:
+        d = self.features + 1  # the features, then the label
+        return 0.0, 0.0, 0.0, np.zeros(d), np.zeros(d)
+
+    def add_input(self, acc: tuple[Any, ...], batch: pa.RecordBatch) -> tuple[Any, ...]:
+        x = batch.column("x").flatten().to_numpy().reshape(-1, self.features)
+        y, v = batch.column("y").to_numpy(), batch.column("v").to_numpy()
+        weight = float(v.sum())
+        if weight == 0:
+            return acc
+        mean = np.append(v @ x, v @ y) / weight
+        squares = np.append(v @ (x - mean[:-1]) ** 2, v @ (y - mean[-1]) ** 2)
+        part = weight, float(v @ v), float(v @ y), mean, squares
+        return self.merge_accumulators([acc, part])
+
+    def merge_accumulators(self, accs: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+        weight, squared, positives, mean, squares = self.create_accumulator()
+        for w, w2, p, m, s in accs:
+            if w == 0:
+                continue
+            total = weight + w
+            delta = m - mean
+            squares = squares + s + delta**2 * weight * w / total
+            mean = mean + delta * (w / total)
+            weight, squared, positives = total, squared + w2, positives + p
+        return weight, squared, positives, mean, squares
+
+    def extract_output(self, acc: tuple[Any, ...]) -> pa.Table:
+        weight, squared, positives, mean, squares = acc
+        denominator = weight - squared / weight if weight > 0 else 0.0
+        std = np.sqrt(np.maximum(squares / denominator, 0.0)) if denominator > 0 else mean * 0
+        d = self.features
+        statistics = np.concatenate([[weight, positives, mean[d], std[d]], mean[:d], std[:d]])
+        objective = Objective.of(self.options, statistics)
+        state = _first_state(self.options, objective, statistics)
+        return model_table(_columns(objective, statistics, state))
+
+
+def _first_state(
+    options: FitOptions, objective: Objective, statistics: np.ndarray
+) -> lbfgs.OptimizerState:
+    """The optimizer at its starting point, or stopped where MLlib does not train: a
+    constant label with an intercept (the model is then the intercept alone)."""
+    weight, positives, label_mean, label_std = statistics[:4]
+    d = objective.features
+    if options.kind == "logistic" and options.fit_intercept and positives in (0.0, weight):
+        # All labels equal: MLlib's intercept is +inf (all 1) or -inf (all 0).
+        infinite = math.inf if positives > 0 else -math.inf
+        return lbfgs.stopped(np.append(np.zeros(d), infinite), CONSTANT_LABEL)
+    if options.kind == "linear" and label_std == 0 and (options.fit_intercept or label_mean == 0):
+        return lbfgs.stopped(np.append(np.zeros(d), label_mean), CONSTANT_LABEL)
+    return lbfgs.begin(objective.starting_point(positives, weight))
+
+
+class Evaluation(ModelStep):
+    """One evaluation of the objective at the optimizer's trial point: the accumulator is
+    the rows' summed gradient and loss (``loss_sums``) and their weight; the output is the
+    model row after the optimizer took the evaluation (``lbfgs.advance``)."""
+
+    def __init__(self, options: FitOptions, row: dict[str, Any], loss: Any) -> None:
+        super().__init__(loss)
+        self.kind = options.kind
+        self.statistics = np.array(row["statistics"], dtype=np.float64)
+        self.objective = Objective.of(options, self.statistics)
+        self.settings = _settings(options, self.objective)
+        self.state = lbfgs.OptimizerState.from_columns(row)
+        self.coefficients = self.objective.raw(self.state.trial)
+
+    def create_accumulator(self) -> tuple[Any, ...]:
+        return np.zeros(len(self.coefficients)), 0.0, 0.0
+
+    def add_input(self, acc: tuple[Any, ...], batch: pa.RecordBatch) -> tuple[Any, ...]:
+        gradient, loss, weight = acc
+        x = batch.column("x").flatten().to_numpy().reshape(-1, len(self.coefficients) - 1)
+        y, v = batch.column("y").to_numpy(), batch.column("v").to_numpy()
+        part_gradient, part_loss = loss_sums(self.kind, x, y, v, self.coefficients)
+        return gradient + part_gradient, loss + part_loss, weight + float(v.sum())
+
+    def merge_accumulators(self, accs: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+        merged = self.create_accumulator()
+        for acc in accs:
+            merged = tuple(a + b for a, b in zip(merged, acc, strict=True))
+        return merged
+
+    def extract_output(self, acc: tuple[Any, ...]) -> pa.Table:
+        sums, loss, weight = acc
+        state = self.state
+        if state.running:
+            value, gradient = self.objective.value_and_gradient(state.trial, sums, loss, weight)
+            lbfgs.advance(self.settings, state, value, gradient)
+        columns = _columns(self.objective, self.statistics, state)
+        if math.isfinite(columns["loss"]):
+            self.loss.set(columns["loss"])
+        return model_table(columns)
+
+
+def lbfgs_body(
+    options: FitOptions, prepare: Callable[[pa.Table], pa.Table], dims: int
+) -> itf.IterationBody:
+    """The L-BFGS body: ``model`` (variable, one row) and ``rows`` (data) with ``dims``
+    features; round 0 measures the data, every later round is one evaluation of the
+    objective."""
+    loss_gauge = itf.metrics.gauge("loss")
+    features = dims
+    numbered: dict[int, DataFrame] = {}  # as in the gradient-descent body
+
+    @itf.body
+    def quasi_newton(model: DataFrame, rows: DataFrame, ctx: itf.RoundContext) -> itf.Declaration:
+        row = model_row(model)  # held on the driver: no Spark job
+        if id(rows) not in numbered:
+            numbered[id(rows)] = rows.withColumn(PARTITION, F.spark_partition_id())
+        step: ModelStep
+        if row["status"] == STATISTICS:
+            step = Statistics(options, features, loss_gauge)
+        else:
+            step = Evaluation(options, row, loss_gauge)
+        data = ctx.columnar(numbered[id(rows)], prepare)
+        new_model = itf.combine(data, step, MODEL_SCHEMA, depth=1)
+        return itf.Declaration(
+            feedback={"model": new_model},
+            outputs={"model": new_model},
+            until=itf.converged(model_field("running"), 0.0),
+        )
+
+    return quasi_newton
