@@ -21,7 +21,7 @@ by Spark SQL expressions (no Python worker). ``summary`` has MLlib's
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from pyspark import keyword_only
@@ -163,14 +163,9 @@ class _FittedRegression(Model, SavedModel, Fitted):
     def summary(self) -> TrainingSummary:
         """MLlib's ``objectiveHistory`` and ``totalIterations``, and iterflow's run."""
         result = self.fitted_result
-        fitted = self._fitted
-        history = getattr(fitted, "objective_history", None)
-        if history is None:
-            history = [float(p.metrics["loss"]) for p in result.history if "loss" in p.metrics]
-        total = getattr(fitted, "total_iterations", None)
-        return TrainingSummary(
-            [float(v) for v in history], int(total if total is not None else result.rounds), result
-        )
+        fitted = cast(RegressionModel, self._fitted)
+        history = [float(v) for v in fitted.objective_history]
+        return TrainingSummary(history, int(fitted.total_iterations), result)
 
     def _margin(self, df: DataFrame) -> Column:
         """``features . coefficients + intercept``, as a Spark SQL expression."""
