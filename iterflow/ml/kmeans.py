@@ -124,12 +124,6 @@ class LloydStep(ModelStep):
         points = batch.column("x").to_numpy().reshape(-1, self.centroids.shape[1])
         return tuple(a + b for a, b in zip(acc, cluster_sums(points, self.centroids), strict=True))
 
-    def merge_accumulators(self, accs: list[tuple[Any, ...]]) -> Any:
-        merged = self.create_accumulator()
-        for acc in accs:
-            merged = tuple(a + b for a, b in zip(merged, acc, strict=True))
-        return merged
-
     def extract_output(self, acc: tuple[Any, ...]) -> pa.Table:
         sums, counts, cost = acc
         centroids = self.centroids

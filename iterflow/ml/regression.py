@@ -134,12 +134,6 @@ class GradientStep(ModelStep):
             seen + batch.num_rows,
         )
 
-    def merge_accumulators(self, accs: list[tuple[Any, ...]]) -> tuple[Any, ...]:
-        merged = self.create_accumulator()
-        for acc in accs:
-            merged = tuple(a + b for a, b in zip(merged, acc, strict=True))
-        return merged
-
     def extract_output(self, acc: tuple[Any, ...]) -> pa.Table:
         gradient, loss, weight, _ = acc
         coefficients, reg = self.coefficients, self.reg
