@@ -22,6 +22,10 @@ It stops after ``max_rounds``, when the coefficients move at most ``tol``, or
 termination ``converged``. A loss or step that becomes NaN or infinite raises
 ``itf.DivergenceError`` naming the round. The loss of each round is the gauge
 ``loss`` in ``RoundProgress.metrics``.
+
+``solver="lbfgs"`` runs another body on the same rows and kernel: Spark MLlib's
+objective and optimizer (L-BFGS, OWL-QN with an L1 part), one evaluation per round
+(``iterflow.ml.lbfgs_regression``).
 """
 
 from __future__ import annotations
