@@ -43,13 +43,16 @@ MASTER = "local[2]"
 SESSION_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"}
 
 
-def parse_args(description: str) -> argparse.Namespace:
+def parse_args(description: str, **flags: str) -> argparse.Namespace:
+    """``--quick``, and a ``--NAME`` switch for every ``NAME=help`` in ``flags``."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--quick",
         action="store_true",
         help="smaller sizes and fewer rounds (a smoke test, under a minute)",
     )
+    for name, text in flags.items():
+        parser.add_argument(f"--{name}", action="store_true", help=text)
     return parser.parse_args()
 
 

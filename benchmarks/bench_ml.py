@@ -58,6 +58,21 @@ Two workloads, each built once, cached and counted before anything is timed:
    Accuracy is only sanity-checked: both final losses are finite; iterflow's is the
    ``loss`` gauge of its last round, MLlib's ``summary.objectiveHistory[-1]``.
 
+3. **L-BFGS to MLlib's stopping point** (``--lbfgs``: this workload alone). The
+   logistic-regression data above; both fit the same objective with the same stopping
+   rule and run until it stops them:
+
+   - **iterflow**: ``logistic_regression(df, features=[20 columns], solver="lbfgs",
+     reg=0.01, standardization=True, max_rounds=100, tol=1e-6, progress=False)``. Its time
+     includes making the rows resident (or writing them as Arrow files) and its pass for
+     the statistics (round 0).
+   - **MLlib**: ``LogisticRegression(maxIter=100, tol=1e-6, regParam=0.01).fit(assembled)``
+     (``standardization`` is on by default), with its pass for the statistics.
+
+   Target: iterflow / MLlib <= 0.5 in total time. Check: the coefficients and intercept
+   agree within 1e-4; the iteration counts (``total_iterations``,
+   ``summary.totalIterations``) and final objectives are reported.
+
 What is timed: from the call until the fitted model is back on the driver (both
 return their coefficients or centroids as local arrays, so nothing is left lazy).
 Each comparison runs one warm-up of every variant, then 3 runs of each (``--quick``:
@@ -67,7 +82,7 @@ Spark jobs are counted (``_common.count_jobs``); between runs the script collect
 garbage (not timed). iterflow's per-round figure is the median ``duration_s`` of its
 rounds (from a listener), next to total / rounds.
 
-    python benchmarks/bench_ml.py [--quick]
+    python benchmarks/bench_ml.py [--quick] [--lbfgs]
 """
 
 from __future__ import annotations
@@ -114,6 +129,11 @@ LR_ROUNDS = 50
 LEARNING_RATE = 1.0
 TRUE_INTERCEPT = 0.3
 CENTROID_TOL = 1e-6
+LBFGS_TARGET = 0.5
+LBFGS_MAX_ITER = 100
+LBFGS_TOL = 1e-6
+LBFGS_REG = 0.01
+LBFGS_COEFFICIENT_TOL = 1e-4
 
 
 class Rounds(itf.RoundListener):
@@ -427,17 +447,150 @@ def regression_comparison(spark: SparkSession, n: int, repetitions: int) -> dict
     return summary
 
 
+# -- 3. L-BFGS to the stopping point -----------------------------------------------------
+
+
+class Evaluations(itf.RoundListener):
+    """Records every round's ``duration_s`` and whether its kernels ran resident."""
+
+    def __init__(self) -> None:
+        self.duration_s: list[float] = []
+        self.resident: list[bool] = []
+
+    def on_round_end(self, ctx: itf.RoundEnd) -> None:
+        self.duration_s.append(ctx.progress.duration_s)
+        self.resident.append(bool(ctx.progress.resident))
+
+
+def iterflow_lbfgs(df: DataFrame, names: list[str]) -> Runner:
+    def run() -> tuple[Any, dict[str, Any]]:
+        rounds = Evaluations()
+        model = logistic_regression(
+            df,
+            features=names,
+            solver="lbfgs",
+            reg=LBFGS_REG,
+            standardization=True,
+            max_rounds=LBFGS_MAX_ITER,
+            tol=LBFGS_TOL,
+            progress=False,
+            listen=rounds,
+        )
+        return np.append(model.coefficients, model.intercept), {
+            "iterations": model.total_iterations,
+            "rounds": model.rounds,
+            "stop_reason": model.stop_reason,
+            "final_objective": float(model.objective_history[-1]),
+            "round_0_s": rounds.duration_s[0],
+            "round_s_median_after_0": median(rounds.duration_s[1:]),
+            "resident_rounds": sum(rounds.resident),
+        }
+
+    return run
+
+
+def mllib_lbfgs(assembled: DataFrame) -> Runner:
+    def run() -> tuple[Any, dict[str, Any]]:
+        model = LogisticRegression(maxIter=LBFGS_MAX_ITER, tol=LBFGS_TOL, regParam=LBFGS_REG).fit(
+            assembled
+        )
+        return np.append(model.coefficients.toArray(), model.intercept), {
+            "iterations": int(model.summary.totalIterations),
+            "final_objective": float(model.summary.objectiveHistory[-1]),
+        }
+
+    return run
+
+
+def lbfgs_comparison(spark: SparkSession, n: int, repetitions: int) -> dict[str, Any]:
+    names, columns, assembled, inputs = regression_inputs(spark, n)
+    log(f"L-BFGS inputs: {n:,} rows x {LR_FEATURES}, built in {inputs['build_and_cache_s']:.1f} s")
+    runners = {"iterflow": iterflow_lbfgs(columns, names), "mllib": mllib_lbfgs(assembled)}
+
+    def check(results: dict[str, Any]) -> dict[str, Any]:
+        gap = float(np.abs(results["iterflow"] - results["mllib"]).max())
+        if not gap <= LBFGS_COEFFICIENT_TOL:
+            log(f"  CHECK FAILED: coefficients differ by {gap:.3g}")
+        return {
+            "max_coefficient_difference": gap,
+            "within_tolerance": gap <= LBFGS_COEFFICIENT_TOL,
+            "tolerance": LBFGS_COEFFICIENT_TOL,
+        }
+
+    log(f"L-BFGS to the stopping point: {repetitions} runs each after a warm-up")
+    summary = compare(spark, "lbfgs", runners, repetitions, check)
+    summary["ratio_iterflow_over_mllib"] = ratio(summary["iterflow"], summary["mllib"])
+    summary["inputs"] = inputs
+    assembled.unpersist()
+    columns.unpersist()
+    return summary
+
+
+def lbfgs_main(spark: SparkSession, rows: int, repetitions: int, quick: bool) -> None:
+    started = time.perf_counter()
+    lb = lbfgs_comparison(spark, rows, repetitions)
+    elapsed = time.perf_counter() - started
+    it, ml = lb["iterflow"], lb["mllib"]
+    print_table(
+        f"L-BFGS logistic regression to MLlib's stopping point, {rows:,} x {LR_FEATURES}, "
+        f"reg {LBFGS_REG}, tol {LBFGS_TOL:g} (medians of {repetitions})",
+        [
+            ("iterflow solver='lbfgs' (s)", it["s_median"]),
+            ("MLlib LogisticRegression (s)", ml["s_median"]),
+            (
+                f"iterflow / MLlib (target <= {LBFGS_TARGET})",
+                lb["ratio_iterflow_over_mllib"]["of_medians"],
+            ),
+            ("iterations, iterflow / MLlib", f"{it['iterations'][0]} / {ml['iterations'][0]}"),
+            ("iterflow rounds (statistics + evaluations)", it["warm_up"]["rounds"]),
+            ("iterflow round 0 (s, warm-up)", it["warm_up"]["round_0_s"]),
+            ("iterflow median later round (s, warm-up)", it["warm_up"]["round_s_median_after_0"]),
+            ("iterflow resident rounds (warm-up)", it["warm_up"]["resident_rounds"]),
+            ("Spark jobs, iterflow / MLlib", f"{it['jobs'][0]} / {ml['jobs'][0]}"),
+            ("max |coefficient difference|", lb["check"]["max_coefficient_difference"]),
+            (
+                "final objective, iterflow / MLlib",
+                f"{it['warm_up']['final_objective']:.10f} / "
+                f"{ml['warm_up']['final_objective']:.10f}",
+            ),
+            ("script wall time (s)", elapsed),
+        ],
+    )
+    finish(
+        spark,
+        "bench_ml_lbfgs",
+        quick,
+        {"target_iterflow_over_mllib": LBFGS_TARGET, "lbfgs": lb, "script_s": elapsed},
+        seed=SEED,
+        partitions=PARTITIONS,
+        regression_rows=rows,
+        regression_features=LR_FEATURES,
+        repetitions=repetitions,
+        warm_up_runs=1,
+        iterflow_lbfgs=f"logistic_regression(df, features=[x0..x19], solver='lbfgs', "
+        f"reg={LBFGS_REG}, standardization=True, max_rounds={LBFGS_MAX_ITER}, "
+        f"tol={LBFGS_TOL}, progress=False)",
+        mllib_lbfgs=f"LogisticRegression(maxIter={LBFGS_MAX_ITER}, tol={LBFGS_TOL}, "
+        f"regParam={LBFGS_REG}).fit(VectorAssembler output)",
+    )
+
+
 # -- main ----------------------------------------------------------------------------------
 
 
 def main() -> None:
-    args = parse_args(__doc__.splitlines()[0])
+    args = parse_args(
+        __doc__.splitlines()[0], lbfgs="only L-BFGS to MLlib's stopping point (workload 3)"
+    )
     if args.quick:
         points, rows, repetitions = 100_000, 100_000, 1
     else:
         points, rows, repetitions = 1_000_000, 1_000_000, 3
     started = time.perf_counter()
     spark = start_session()
+    if args.lbfgs:
+        lbfgs_main(spark, rows, repetitions, args.quick)
+        return
     km = kmeans_comparison(spark, points, repetitions)
     lr = regression_comparison(spark, rows, repetitions)
     elapsed = time.perf_counter() - started

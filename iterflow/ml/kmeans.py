@@ -144,12 +144,6 @@ class LloydStep(ModelStep):
         sums = cluster_sums(points, self.centroids, weights)
         return tuple(a + b for a, b in zip(acc, sums, strict=True))
 
-    def merge_accumulators(self, accs: list[tuple[Any, ...]]) -> Any:
-        merged = self.create_accumulator()
-        for acc in accs:
-            merged = tuple(a + b for a, b in zip(merged, acc, strict=True))
-        return merged
-
     def extract_output(self, acc: tuple[Any, ...]) -> pa.Table:
         sums, counts, cost = acc
         centroids = self.centroids

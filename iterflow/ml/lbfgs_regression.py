@@ -293,12 +293,6 @@ class Evaluation(ModelStep):
         part_gradient, part_loss = loss_sums(self.kind, x, y, v, self.coefficients)
         return gradient + part_gradient, loss + part_loss, weight + float(v.sum())
 
-    def merge_accumulators(self, accs: list[tuple[Any, ...]]) -> tuple[Any, ...]:
-        merged = self.create_accumulator()
-        for acc in accs:
-            merged = tuple(a + b for a, b in zip(merged, acc, strict=True))
-        return merged
-
     def extract_output(self, acc: tuple[Any, ...]) -> pa.Table:
         sums, loss, weight = acc
         state = self.state

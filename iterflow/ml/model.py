@@ -37,10 +37,17 @@ def model_field(column: str) -> Any:
 
 class ModelStep(itf.CombineFn):
     """The base of a trainer's round, one ``itf.combine``: ``loss`` is the gauge that its
-    ``extract_output`` sets with the round's loss."""
+    ``extract_output`` sets with the round's loss; accumulators of sums merge by adding."""
 
     def __init__(self, loss: Any) -> None:
         self.loss = loss
+
+    def merge_accumulators(self, accs: list[tuple[Any, ...]]) -> Any:
+        """Sums: the accumulators are tuples of numbers and arrays, added place by place."""
+        merged = self.create_accumulator()
+        for acc in accs:
+            merged = tuple(a + b for a, b in zip(merged, acc, strict=True))
+        return merged
 
     def __getstate__(self) -> dict[str, Any]:
         # Tasks carry this object to feed accumulators, which never touch the gauge: only

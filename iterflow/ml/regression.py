@@ -22,6 +22,10 @@ It stops after ``max_rounds``, when the coefficients move at most ``tol``, or
 termination ``converged``. A loss or step that becomes NaN or infinite raises
 ``itf.DivergenceError`` naming the round. The loss of each round is the gauge
 ``loss`` in ``RoundProgress.metrics``.
+
+``solver="lbfgs"`` runs another body on the same rows and kernel: Spark MLlib's
+objective and optimizer (L-BFGS, OWL-QN with an L1 part), one evaluation per round
+(``iterflow.ml.lbfgs_regression``).
 """
 
 from __future__ import annotations
@@ -143,12 +147,6 @@ class GradientStep(ModelStep):
             weight + float(v.sum()),
             seen + batch.num_rows,
         )
-
-    def merge_accumulators(self, accs: list[tuple[Any, ...]]) -> tuple[Any, ...]:
-        merged = self.create_accumulator()
-        for acc in accs:
-            merged = tuple(a + b for a, b in zip(merged, acc, strict=True))
-        return merged
 
     def extract_output(self, acc: tuple[Any, ...]) -> pa.Table:
         gradient, loss, weight, _ = acc
