@@ -99,3 +99,19 @@ def test_event_time_example_counts_each_minute_updates_it_and_keeps_the_late_cli
     late = scope["late"].read(spark).select("page", "epoch").collect()
     assert [tuple(r) for r in late] == [("shop", 4)]
     assert scope["query"].history[4].late_rows == {"minutes": 1}
+
+
+def test_ml_pipeline_example_tunes_like_mllib(spark: SparkSession, monkeypatch) -> None:
+    from pyspark.ml.classification import LogisticRegression as MLlibLogistic
+
+    monkeypatch.setattr("sys.argv", ["ml_pipeline.py", "3000"])
+    scope = runpy.run_path(str(EXAMPLES / "ml_pipeline.py"), run_name="example")
+    assert scope["same"] is True
+    best = scope["best"]
+    # MLlib's estimator in the same fitted pipeline's place, with the chosen regParam.
+    reference = best.stages[-1].getRegParam()
+    stages = [*scope["pipeline"].getStages()[:-1], MLlibLogistic(regParam=reference, tol=1e-6)]
+    theirs = type(scope["pipeline"])(stages=stages).fit(scope["df"]).stages[-1]
+    np.testing.assert_allclose(
+        best.stages[-1].coefficients.toArray(), theirs.coefficients.toArray(), atol=1e-3
+    )

@@ -340,3 +340,18 @@ def test_regression_estimators_name_bad_params_and_labels(spark, classes):
     df = assembled(spark, x, label=np.where(np.arange(len(y)) == 5, 2.0, y))
     with pytest.raises(MLError, match=r"label column 'label'.* 0 and 1"):
         LogisticRegression().setIterationOptions(progress=False).fit(df)
+
+
+def test_gradient_descent_estimator_is_the_short_form(spark, classes):
+    from iterflow.ml import LogisticRegression, logistic_regression
+
+    x, y = classes
+    df = assembled(spark, x / np.array([1.0, 10.0, 0.1]), label=y)
+    estimator = LogisticRegression(solver="gd", learningRate=2.0, maxIter=40, regParam=0.01)
+    model = estimator.setIterationOptions(progress=False).fit(df)
+    short = logistic_regression(
+        df, features="features", learning_rate=2.0, max_rounds=40, reg=0.01, progress=False
+    )
+    np.testing.assert_allclose(model.coefficients.toArray(), short.coefficients, atol=1e-12)
+    assert model.summary.objectiveHistory == pytest.approx(list(short.objective_history))
+    assert model.summary.totalIterations == short.rounds

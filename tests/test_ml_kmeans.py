@@ -136,8 +136,8 @@ def test_bad_input_is_named(spark):
         kmeans(df, 2, init=[[0.0, 0.0, 0.0]])
     with pytest.raises(MLError, match="positive int"):
         kmeans(df, 0)
-    # Found in a worker, where the rows are read, and raised on the driver as it was.
-    with pytest.raises(MLError, match="feature column 'features' has a null, NaN or infinite"):
+    # Found in k-means++'s sample, before the first round.
+    with pytest.raises(MLError, match=r"feature column\(s\) \['features'\]: a row has a NaN"):
         kmeans(points_frame(spark, [(0.0, float("nan")), (1.0, 1.0)]), 1, progress=False)
 
 

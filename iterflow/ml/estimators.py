@@ -106,17 +106,19 @@ class _RegressionParams(
 
     def _fit_options(self) -> dict[str, Any]:
         """The short form's options from these Params."""
-        solver = self.getSolver()
+        gd = self.getSolver() == "gd"
         weight = self.getOrDefault(self.weightCol) if self.isDefined(self.weightCol) else None
         return {
             "features": self.getFeaturesCol(),
             "label": self.getLabelCol(),
             "weight": weight or None,
-            "solver": "gd" if solver == "gd" else "lbfgs",
-            "learning_rate": self.getLearningRate(),
+            "solver": "gd" if gd else "lbfgs",
+            **({"learning_rate": self.getLearningRate()} if gd else {}),
             "reg": self.getRegParam(),
             "elastic_net": self.getElasticNetParam(),
-            "standardization": self.getStandardization(),
+            # Gradient descent minimizes the objective on the features as they are:
+            # standardization is L-BFGS's (scale the features first, e.g. StandardScaler).
+            "standardization": self.getStandardization() and not gd,
             "fit_intercept": self.getFitIntercept(),
             "max_rounds": self.getMaxIter(),
             "tol": self.getTol(),
