@@ -22,7 +22,7 @@ from test_round_progress import slow_body, values
 
 import iterflow as itf
 from iterflow.graph import Graph, connected_components, pagerank
-from iterflow.ml import kmeans, linear_regression
+from iterflow.ml import LogisticRegression, LogisticRegressionModel, kmeans, linear_regression
 from iterflow.testing import assert_converges, assert_frame_close
 
 #: Where the k-means run writes its events (its iteration_started tells how kernels ran).
@@ -159,6 +159,28 @@ def sampled(spark: SparkSession) -> dict:  # type: ignore[type-arg]
     }
 
 
+def estimator(spark: SparkSession, rng: np.random.Generator) -> dict:  # type: ignore[type-arg]
+    """A pyspark.ml Estimator over Connect: L-BFGS on array features, saved and loaded."""
+    x = rng.normal(size=(400, 2))
+    y = (rng.random(400) < 1.0 / (1.0 + np.exp(-(x @ np.array([1.0, -2.0]) + 0.5)))).astype(float)
+    table = pa.table({"features": list(x), "label": y})
+    model = (
+        LogisticRegression(tol=1e-9)
+        .setIterationOptions(progress=False)
+        .fit(spark.createDataFrame(table))
+    )
+    path = os.path.join(tempfile.mkdtemp(), "lr")
+    model.write().save(path)
+    loaded = LogisticRegressionModel.load(path)
+    return {
+        "x": x.tolist(),
+        "y": y.tolist(),
+        "coefficients": [*model.coefficients.toArray().tolist(), model.intercept],
+        "loaded": [*loaded.coefficients.toArray().tolist(), loaded.intercept],
+        "iterations": model.summary.totalIterations,
+    }
+
+
 def main() -> None:
     # PySpark's in-process Connect server: it listens on port 15002, where its client
     # connects (the test checks first that no other server holds the port).
@@ -192,6 +214,7 @@ def main() -> None:
     print(
         json.dumps(
             {
+                "estimator": estimator(spark, rng),
                 "small": halving(spark, 10),  # held on the driver
                 "large": halving(spark, 3000),  # local checkpoints on the server
                 "criteria": criteria(spark),

@@ -18,6 +18,7 @@ import pyspark
 import pytest
 from child_jobs import run_job
 from test_ml_kmeans import numpy_lloyd
+from test_ml_regression import newton_logistic
 
 import iterflow as itf
 
@@ -66,6 +67,14 @@ def test_criteria_and_ml(connect_run: dict[str, Any]) -> None:
     y = x @ np.array([1.5, -0.5]) + 0.25
     solution = np.linalg.lstsq(np.column_stack([x, np.ones(200)]), y, rcond=None)[0]
     np.testing.assert_allclose(connect_run["coefficients"], solution, atol=1e-6)
+
+
+def test_a_pyspark_ml_estimator_fits_saves_and_loads(connect_run: dict[str, Any]) -> None:
+    fit = connect_run["estimator"]
+    x, y = np.array(fit["x"]), np.array(fit["y"])
+    expected = newton_logistic(x, y, np.ones(len(y)), 0.0)
+    np.testing.assert_allclose(fit["coefficients"], expected, atol=1e-4)
+    assert fit["loaded"] == fit["coefficients"] and 1 <= fit["iterations"] <= 100
 
 
 def test_rounds_are_sampled_from_the_clients_progress_handler(
