@@ -1,24 +1,31 @@
 """Iterative graph algorithms on iterflow, in GraphFrames' data model.
 
 Written only against ``iterflow``'s public API, as any user would write them.
+``GraphFrame`` offers them under GraphFrames' method names and result columns.
 """
 
+from iterflow.graph.bfs import bfs
 from iterflow.graph.components import connected_components
+from iterflow.graph.frame import GraphFrame
 from iterflow.graph.labels import label_propagation
 from iterflow.graph.model import Graph, GraphError, as_graph
 from iterflow.graph.pagerank import pagerank
 from iterflow.graph.paths import shortest_paths, weighted_shortest_paths
 from iterflow.graph.pregel import Pregel, pregel
+from iterflow.graph.scc import strongly_connected_components
 
 __all__ = [
     "Graph",
     "GraphError",
+    "GraphFrame",
     "Pregel",
     "as_graph",
+    "bfs",
     "connected_components",
     "label_propagation",
     "pagerank",
     "pregel",
     "shortest_paths",
+    "strongly_connected_components",
     "weighted_shortest_paths",
 ]

@@ -1,7 +1,13 @@
-"""PageRank, with networkx's normalization: ranks sum to 1, a vertex without
-out-edges (dangling) spreads its rank uniformly over all vertices, and
+"""PageRank, with networkx's normalization by default: ranks sum to 1, a vertex
+without out-edges (dangling) spreads its rank uniformly over all vertices, and
 
     rank'(v) = (1 - alpha) / n + alpha * (sum over u -> v of rank(u) / out(u) + dangling / n)
+
+With ``normalization="graphx"`` it computes GraphX's (and so GraphFrames') PageRank
+instead: the rank of dangling vertices is lost every round, every copy of a
+duplicate edge carries rank, and the final ranks are rescaled to sum to the number
+of vertices (to 1 with a personalization), as GraphX's ``PageRank.runWithOptions``
+does after its rounds.
 
 Two ways to run it, both on iterflow's public API only:
 
@@ -60,6 +66,8 @@ def pagerank_update(
     n: int,
     alpha: float = ALPHA,
     observe: Callable[[str, DataFrame], DataFrame] = lambda _name, df: df,
+    *,
+    keep_dangling: bool = True,
 ) -> tuple[DataFrame, DataFrame]:
     """One PageRank step: ``(new_ranks, delta)``.
 
@@ -67,6 +75,7 @@ def pagerank_update(
     ``teleport`` column in ``ranks`` (personalization, summing to 1) random jumps
     and dangling rank go there instead of uniformly;
     ``observe`` wraps the per-vertex contributions (e.g. ``ctx.observe``).
+    ``keep_dangling=False`` drops the rank of dangling vertices, as GraphX does.
     """
     shares = ranks.where(F.col("out_degree") > 0).select(
         F.col("id").alias("src"), (F.col("rank") / F.col("out_degree")).alias("share")
@@ -76,7 +85,9 @@ def pagerank_update(
         edges.join(shares, "src").groupBy(F.col("dst").alias("id")).agg(F.sum("share").alias("in")),
     )
     dangling = ranks.where(F.col("out_degree") == 0).agg(
-        F.coalesce(F.sum("rank"), F.lit(0.0)).alias("dangling")
+        (F.coalesce(F.sum("rank"), F.lit(0.0)) * F.lit(1.0 if keep_dangling else 0.0)).alias(
+            "dangling"
+        )
     )
     # A "teleport" column (personalization, summing to 1) replaces the uniform 1/n.
     personal = "teleport" in ranks.columns
@@ -103,12 +114,16 @@ def pagerank_update(
     return new_ranks, delta
 
 
-def pagerank_body(n: int, *, alpha: float = ALPHA, tol: float | None = None) -> itf.IterationBody:
+def pagerank_body(
+    n: int, *, alpha: float = ALPHA, tol: float | None = None, keep_dangling: bool = True
+) -> itf.IterationBody:
     """The PageRank body for ``n`` vertices; with ``tol`` it stops once the L1 change <= tol."""
 
     @itf.body
     def pagerank_step(ranks: DataFrame, edges: DataFrame, ctx: itf.RoundContext) -> itf.Declaration:
-        new_ranks, delta = pagerank_update(ranks, edges, n, alpha, observe=ctx.observe)
+        new_ranks, delta = pagerank_update(
+            ranks, edges, n, alpha, observe=ctx.observe, keep_dangling=keep_dangling
+        )
         return itf.Declaration(
             feedback={"ranks": new_ranks},
             outputs={"ranks": new_ranks},
@@ -126,18 +141,20 @@ VECTOR_SCHEMA = "rank ARRAY<DOUBLE>, delta DOUBLE"
 PARTIAL_SCHEMA = "contribution ARRAY<DOUBLE>, held DOUBLE"
 
 
-def edge_indices(ids: pa.Array) -> Callable[[pa.Table], pa.Table]:
+def edge_indices(ids: pa.Array, *, distinct: bool = True) -> Callable[[pa.Table], pa.Table]:
     """A ``columnar`` prepare step for the edges of one source partition.
 
-    Turns ids into positions in ``ids``, drops duplicate edges, sorts by source
-    and adds ``share`` (1 / out-degree of the source: every out-edge of a source
-    is in its partition) and ``first`` (the first edge of each source).
+    Turns ids into positions in ``ids``, drops duplicate edges (unless
+    ``distinct=False``: then every copy is an out-edge), sorts by source and adds
+    ``share`` (1 / out-degree of the source: every out-edge of a source is in its
+    partition) and ``first`` (the first edge of each source).
     """
 
     def prepare(table: pa.Table) -> pa.Table:
         src, dst = edge_positions(table, ids)
         n = len(ids)
-        pairs = np.unique(src * n + dst)  # sorted by source
+        pairs = src * n + dst
+        pairs = np.unique(pairs) if distinct else np.sort(pairs)  # sorted by source
         src, dst = pairs // n, pairs % n
         first = np.ones(len(src), dtype=bool)
         first[1:] = src[1:] != src[:-1]
@@ -173,8 +190,11 @@ def contributions(table: pa.Table, ranks: np.ndarray, messages: Any) -> pa.Table
     return pa.table([itf.vector_cell(spread), pa.array([held])], names=["contribution", "held"])
 
 
-def next_ranks(alpha: float, ranks: np.ndarray, teleport: np.ndarray) -> Callable[[Any], pa.Table]:
-    """Kernel over all partials: the next rank vector and its L1 change."""
+def next_ranks(
+    alpha: float, ranks: np.ndarray, teleport: np.ndarray, keep_dangling: bool = True
+) -> Callable[[Any], pa.Table]:
+    """Kernel over all partials: the next rank vector and its L1 change (the rank of
+    dangling vertices is dropped unless ``keep_dangling``)."""
 
     def finish(batches: Any) -> Any:
         spread = np.zeros(len(ranks))
@@ -183,7 +203,7 @@ def next_ranks(alpha: float, ranks: np.ndarray, teleport: np.ndarray) -> Callabl
             for row in range(batch.num_rows):
                 spread += cell_values(batch.column(0), row)
             held += float(np.sum(batch.column(1).to_numpy()))
-        dangling = ranks.sum() - held
+        dangling = ranks.sum() - held if keep_dangling else 0.0
         new = alpha * (spread + dangling * teleport) + (1.0 - alpha) * teleport
         yield from _vector_row(new, np.abs(new - ranks).sum()).to_batches()
 
@@ -198,13 +218,18 @@ def change(end: itf.RoundEnd) -> float:
 
 
 def vector_body(
-    ids: pa.Array, teleport: np.ndarray, alpha: float, tol: float | None
+    ids: pa.Array,
+    teleport: np.ndarray,
+    alpha: float,
+    tol: float | None,
+    graphx: bool = False,
 ) -> itf.IterationBody:
     """PageRank on the rank vector, with the edges as Arrow files read in place.
 
     Every round, ``RoundProgress.metrics["messages"]`` counts the edges that carried rank.
+    ``graphx``: duplicate edges each carry rank and dangling rank is dropped.
     """
-    prepare = edge_indices(ids)
+    prepare = edge_indices(ids, distinct=not graphx)
     messages = itf.metrics.counter("messages")
 
     @itf.body
@@ -218,7 +243,7 @@ def vector_body(
             PARTIAL_SCHEMA,
             current,
             messages,
-            combine=next_ranks(alpha, current, teleport),
+            combine=next_ranks(alpha, current, teleport, keep_dangling=not graphx),
             combine_schema=VECTOR_SCHEMA,
         )
         return itf.Declaration(
@@ -257,6 +282,7 @@ def pagerank(
     max_rounds: int = 100,
     alpha: float = ALPHA,
     personalization: dict[Any, float] | None = None,
+    normalization: str = "networkx",
     method: str = "auto",
     listen: Any = None,
     **run_options: Any,
@@ -267,7 +293,14 @@ def pagerank(
     Duplicate edges count once and a self-loop counts as an out-edge, as in a networkx
     ``DiGraph``. ``personalization`` maps vertex ids to weights (normalized to sum 1):
     random jumps and the rank of dangling vertices go there instead of uniformly,
-    as in ``networkx.pagerank(personalization=...)``. ``method`` is ``"arrow"``
+    as in ``networkx.pagerank(personalization=...)``.
+
+    ``normalization="graphx"`` computes GraphX's PageRank, which GraphFrames
+    returns: every copy of a duplicate edge is an out-edge, the rank of dangling
+    vertices is lost in every round rather than spread, and the ranks are rescaled
+    at the end to sum to the number of vertices (to 1 with ``personalization``).
+    ``tol`` then bounds the L1 change of the ranks before that rescaling, which
+    sum to at most 1. ``method`` is ``"arrow"``
     (numpy kernels over the edges kept as Arrow files; the rank vector is held in
     memory), ``"dataframe"`` (joins over rank rows) or ``"auto"`` (``"arrow"`` up
     to ``VECTOR_LIMIT`` vertices). ``listen`` and ``run_options`` are as in
@@ -280,6 +313,9 @@ def pagerank(
     g = as_graph(graph)
     if not 0.0 < alpha < 1.0:
         raise GraphError(f"pagerank(alpha={alpha}) must be between 0 and 1")
+    if normalization not in ("networkx", "graphx"):
+        raise GraphError(f"pagerank(normalization={normalization!r}): use 'networkx' or 'graphx'")
+    graphx = normalization == "graphx"
     spark = g.vertices.sparkSession
     method = choose_method("pagerank", method, g)
     if method == "arrow":
@@ -293,13 +329,14 @@ def pagerank(
             VECTOR_SCHEMA,
         )
         iteration = (
-            itf.BoundedIteration(vector_body(ids, teleport, alpha, tol))
+            itf.BoundedIteration(vector_body(ids, teleport, alpha, tol, graphx=graphx))
             .bind("ranks", start)
             .bind("edges", g.edges.select("src", "dst").repartition(partitions, "src"))
             .until(itf.max_rounds(max_rounds))
         )
     else:
-        edges = g.edges.select("src", "dst").distinct()
+        edges = g.edges.select("src", "dst")
+        edges = edges if graphx else edges.distinct()
         n = g.vertices.count()
         ranks = initial_ranks(g.vertices, edges)
         if personalization is not None:
@@ -307,7 +344,7 @@ def pagerank(
             weights = pa.table({"id": ids, "teleport": _teleport(ids, personalization)})
             ranks = ranks.join(spark.createDataFrame(weights), "id")
         iteration = (
-            itf.BoundedIteration(pagerank_body(n, alpha=alpha, tol=tol))
+            itf.BoundedIteration(pagerank_body(n, alpha=alpha, tol=tol, keep_dangling=not graphx))
             .bind("ranks", ranks)
             .bind("edges", edges)
             .until(itf.max_rounds(max_rounds))
@@ -318,6 +355,12 @@ def pagerank(
     if method == "arrow":
         vector = cell_values(final.toArrow().column("rank"))
         final = spark.createDataFrame(pa.table({"id": ids, "rank": vector}))
+    if graphx:
+        # GraphX rescales once, after its rounds: the rank lost at dangling vertices
+        # is given back in proportion to the ranks.
+        total = final.agg(F.sum("rank")).collect()[0][0]
+        target = 1.0 if personalization is not None else float(g.vertices.count())
+        final = final.select("id", (F.col("rank") * F.lit(target / total)).alias("rank"))
     return graph_result(
         graph, g.vertices.join(final.select("id", F.col("rank").alias("pagerank")), "id")
     )
