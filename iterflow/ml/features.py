@@ -118,7 +118,7 @@ def features_of(
 def numbers(table: pa.Table, name: str, what: str) -> np.ndarray:
     """Column ``name`` of ``table`` as float64; a null, NaN or infinite value is an
     ``MLError`` naming the column (``what`` says what it holds: "label", "weight")."""
-    values = table[name].to_numpy(zero_copy_only=False).astype(np.float64)
+    values = np.asarray(table[name].to_numpy(zero_copy_only=False), dtype=np.float64)
     if not np.isfinite(values).all():
         raise MLError(f"{what} column '{name}' has a null, NaN or infinite value")
     return values
@@ -127,9 +127,14 @@ def numbers(table: pa.Table, name: str, what: str) -> np.ndarray:
 def matrix(table: pa.Table, spec: Features) -> np.ndarray:
     """The features of ``table`` as a C-contiguous ``(rows, dims)`` float64 matrix."""
     if spec.kind == "columns":
-        if not spec.columns:
-            return np.zeros((table.num_rows, 0))
-        return np.column_stack([numbers(table, c, "feature") for c in spec.columns])
+        # One copy per value: each column goes straight into its place in the matrix.
+        out = np.empty((table.num_rows, spec.dims))
+        for j, name in enumerate(spec.columns):
+            out[:, j] = table[name].to_numpy(zero_copy_only=False)
+        if not np.isfinite(out).all():
+            for name in spec.columns:  # which column: only when one is bad
+                numbers(table, name, "feature")
+        return out
     column = table[spec.column].combine_chunks()
     if column.null_count:
         raise MLError(f"feature column '{spec.column}' has a null row")
