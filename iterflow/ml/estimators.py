@@ -158,10 +158,6 @@ class _FittedRegression(Model, SavedModel, Fitted):
         return len(self.coefficients)
 
     @property
-    def hasSummary(self) -> bool:
-        return self.result is not None
-
-    @property
     def summary(self) -> TrainingSummary:
         """MLlib's ``objectiveHistory`` and ``totalIterations``, and iterflow's run."""
         result = self.fitted_result

@@ -261,10 +261,6 @@ class KMeansModel(Model, _KMeansParams, SavedModel, Fitted):
         return [row.copy() for row in self.centroids]
 
     @property
-    def hasSummary(self) -> bool:
-        return self.result is not None
-
-    @property
     def summary(self) -> TrainingSummary:
         """``objectiveHistory`` (the cost of every round), ``totalIterations``, and the run."""
         result = self.fitted_result

@@ -81,6 +81,11 @@ class Fitted:
         return cast(itf.IterationResult, self.result)
 
     @property
+    def hasSummary(self) -> bool:  # MLlib's name
+        """Whether the run is here (a fitted model) or not (a loaded one)."""
+        return self.result is not None
+
+    @property
     def rounds(self) -> int:
         return int(self.fitted_result.rounds)
 
