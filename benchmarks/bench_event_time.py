@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 import time
 from collections import Counter
@@ -52,7 +51,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from _common import alternate, finish, log, median, parse_args, print_table, settle, start_session
-from bench_unbounded import ProgressLog, last_job_id
+from bench_unbounded import ProgressLog, last_job_id, written_events
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -289,16 +288,7 @@ def main() -> None:
     spark = start_session()
     progress = ProgressLog()
     spark.streams.addListener(progress)
-    data = Path(tempfile.mkdtemp(prefix="iterflow-bench-events-"))
-    try:
-        clock = time.perf_counter()
-        w = write_events(data / "events", files, per_file, SEED)
-        warm = write_events(data / "warm-up", warm_files, per_file, SEED + 1)
-        input_bytes = sum(p.stat().st_size for p in w.folder.iterdir())
-        log(
-            f"wrote {files} files of {per_file} events ({input_bytes / 1e6:.1f} MB) in "
-            f"{time.perf_counter() - clock:.1f} s"
-        )
+    with written_events(write_events, files, per_file, warm_files) as (w, warm, input_bytes):
         log(f"warm-up: one run of each variant over {warm_files} files")
         warm_runs = [(v, measure(spark, progress, f"{v} (warm-up)", warm)) for v in VARIANTS]
         check(warm, warm_runs)
@@ -306,8 +296,6 @@ def main() -> None:
         sequence, runs = alternate(
             VARIANTS, repetitions, lambda variant: measure(spark, progress, variant, w)
         )
-    finally:
-        shutil.rmtree(data, ignore_errors=True)
 
     checked = check(w, [(v, r) for v, rs in runs.items() for r in rs])
     summary: dict[str, dict[str, Any]] = {}

@@ -53,6 +53,7 @@ from the files. It writes ``bench_unbounded.commits_keyed.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -61,9 +62,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 from _common import (
@@ -660,6 +661,38 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+class Written(Protocol):
+    """A workload written into files: its ``folder``."""
+
+    @property
+    def folder(self) -> Path: ...
+
+
+W = TypeVar("W", bound=Written)
+
+
+@contextlib.contextmanager
+def written_events(
+    write: Callable[[Path, int, int, int], W], files: int, per_file: int, warm_files: int
+) -> Iterator[tuple[W, W, int]]:
+    """The timed workload (``files`` files) and the warm-up's (``warm_files``), made by
+    ``write`` in a temporary folder that is removed afterwards, and the timed input's
+    bytes; logs what was written."""
+    data = Path(tempfile.mkdtemp(prefix="iterflow-bench-events-"))
+    try:
+        clock = time.perf_counter()
+        w = write(data / "events", files, per_file, SEED)
+        warm = write(data / "warm-up", warm_files, per_file, SEED + 1)
+        input_bytes = sum(p.stat().st_size for p in w.folder.iterdir())
+        log(
+            f"wrote {files} files of {per_file} events ({input_bytes / 1e6:.1f} MB) in "
+            f"{time.perf_counter() - clock:.1f} s"
+        )
+        yield w, warm, input_bytes
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
 def commits_keyed(quick: bool) -> None:
     """``--commits --keyed``: write the event files, compare, write the result file."""
     if quick:
@@ -669,16 +702,7 @@ def commits_keyed(quick: bool) -> None:
     spark = start_session()
     progress = ProgressLog()
     spark.streams.addListener(progress)
-    data = Path(tempfile.mkdtemp(prefix="iterflow-bench-events-"))
-    try:
-        clock = time.perf_counter()
-        w = write_events(data / "events", files, per_file, SEED)
-        warm = write_events(data / "warm-up", warm_files, per_file, SEED + 1)
-        input_bytes = sum(p.stat().st_size for p in w.folder.iterdir())
-        log(
-            f"wrote {files} files of {per_file} events ({input_bytes / 1e6:.1f} MB) in "
-            f"{time.perf_counter() - clock:.1f} s"
-        )
+    with written_events(write_events, files, per_file, warm_files) as (w, warm, input_bytes):
         results = compare_commits(
             spark,
             progress,
@@ -690,8 +714,6 @@ def commits_keyed(quick: bool) -> None:
             agree=counts_agree(w),
             probes=KEYED_PROBES,
         )
-    finally:
-        shutil.rmtree(data, ignore_errors=True)
     finish(
         spark,
         "bench_unbounded.commits_keyed",
