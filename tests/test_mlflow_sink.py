@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import sys
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ import iterflow as itf
 
 mlflow = pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402 (only once mlflow is known to be there)
+from test_sinks import closed_port  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
@@ -140,11 +140,12 @@ def test_without_an_active_run_the_sink_creates_and_ends_one_per_run(
 
 
 def test_a_refused_tracking_server_neither_fails_nor_stalls_the_run(
-    spark: SparkSession, caplog: pytest.LogCaptureFixture
+    spark: SparkSession, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # closed again: nothing listens there
+    # The sink's thread, still retrying when the test ends, gives up soon after.
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    port = closed_port()
     sink = itf.metrics.MlflowSink("0" * 32, tracking_uri=f"http://127.0.0.1:{port}", timeout_s=1.0)
     it = (
         itf.BoundedIteration(halving("r"))

@@ -425,6 +425,22 @@ def test_each_sink_is_pushed_each_round_once_with_the_parameters() -> None:
         assert snapshot.parameters == {"conditions": [{"kind": "max_rounds", "n": 4}]}
 
 
+def test_rounds_a_rollback_reruns_are_pushed_once_as_rerun() -> None:
+    slow = RecordingSink("slow")
+    pusher = MetricsPusher(SnapshotSource(), [(slow, 3600.0)])
+    pusher.start()
+    first = [ended(epoch) for epoch in range(4)]
+    for progress in first:
+        pusher.round_ended(progress)
+    pusher.rolled_back(1)  # rounds 2 and 3 run again
+    rerun = [ended(2), ended(3)]
+    for progress in rerun:
+        pusher.round_ended(progress)
+    pusher.stop()
+    assert [list(s.rounds) for s in slow.snapshots] == [[*first[:2], *rerun]]
+    assert all(a is b for a, b in zip(slow.snapshots[0].rounds, [*first[:2], *rerun], strict=True))
+
+
 def test_a_refused_sink_warns_once_and_others_get_every_push(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

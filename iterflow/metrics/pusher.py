@@ -28,13 +28,13 @@ logger = logging.getLogger("iterflow.metrics")
 @attrs.define
 class _Schedule:
     """One sink, its interval, when it is next due, how many pushes in a row failed and
-    how many of the run's rounds it was pushed."""
+    the rounds that ended since its last push."""
 
     sink: MetricsSink
     every_s: float
     due: float = 0.0
     failures: int = 0
-    rounds_pushed: int = 0
+    pending: list[RoundProgress] = attrs.field(factory=list)
 
 
 def validate_interval(sink: MetricsSink, every_s: float) -> float:
@@ -80,8 +80,11 @@ class MetricsPusher:
         self._stopped = False
         self._lock = threading.Lock()  # rounds end on the run's thread, pushes go on this one
         self._parameters: Mapping[str, Any] = {}
-        self._rounds: list[RoundProgress] = []  # the rounds some sink was not pushed yet
-        self._rounds_dropped = 0  # rounds every sink was pushed, no longer kept
+
+    @property
+    def has_sinks(self) -> bool:
+        """Whether any sink receives the snapshots."""
+        return bool(self._schedules)
 
     def started(self, parameters: Mapping[str, Any]) -> None:
         """The run started with ``parameters``; every snapshot carries them from now on."""
@@ -90,9 +93,16 @@ class MetricsPusher:
 
     def round_ended(self, progress: RoundProgress) -> None:
         """Round ``progress.epoch`` ended: the next push to each sink carries it."""
-        if self._schedules:
-            with self._lock:
-                self._rounds.append(progress)
+        with self._lock:
+            for schedule in self._schedules:
+                schedule.pending.append(progress)
+
+    def rolled_back(self, epoch: int) -> None:
+        """The run goes on after epoch ``epoch``: the rounds after it that a sink was not
+        pushed yet run again, so they are dropped (their reruns are pushed instead)."""
+        with self._lock:
+            for schedule in self._schedules:
+                schedule.pending = [p for p in schedule.pending if p.epoch <= epoch]
 
     def start(self) -> None:
         """Start pushing in a daemon thread; each sink's first push is one interval away."""
@@ -158,10 +168,8 @@ class MetricsPusher:
             return
         for schedule in schedules:
             with self._lock:
-                ended = self._rounds_dropped + len(self._rounds)
-                rounds = tuple(self._rounds[schedule.rounds_pushed - self._rounds_dropped :])
+                rounds, schedule.pending = tuple(schedule.pending), []
                 parameters = self._parameters
-            schedule.rounds_pushed = ended
             try:
                 schedule.sink.push(attrs.evolve(snapshot, rounds=rounds, parameters=parameters))
             except Exception as error:
@@ -182,11 +190,3 @@ class MetricsPusher:
                         schedule.failures,
                     )
                 schedule.failures = 0
-        self._forget_pushed_rounds()
-
-    def _forget_pushed_rounds(self) -> None:
-        """Drop the rounds every sink was pushed already."""
-        with self._lock:
-            pushed = min(schedule.rounds_pushed for schedule in self._schedules)
-            del self._rounds[: pushed - self._rounds_dropped]
-            self._rounds_dropped = max(self._rounds_dropped, pushed)

@@ -172,6 +172,8 @@ class RunObservers:
         """
         if resumed_from is not None:
             self._bar.resume(resumed_from + 1)
+        if self._log is None and not self._pusher.has_sinks:
+            return  # no one to describe the run to
         parameters: dict[str, Any] = {
             "inputs": describe_inputs(inputs, replay),
             "conditions": [c.describe() for c in conditions],
@@ -303,6 +305,7 @@ class RunObservers:
         count as attempted only, and the bar goes back."""
         self.metrics.roll_back(epoch + 1)
         self._bar.resume(epoch + 1)
+        self._pusher.rolled_back(epoch)
         if self._log is not None:
             self.flush_start()
             self._log.rolled_back(run_id=self.run_id, to_epoch=epoch)
