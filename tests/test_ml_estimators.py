@@ -133,6 +133,17 @@ def test_weighted_kmeans_equals_repeated_points(spark, blobs):
     repeated = np.repeat(blobs, weights.astype(int), axis=0)
     np.testing.assert_allclose(weighted.centroids, lloyd(repeated, start, 5), atol=1e-9)
     np.testing.assert_allclose(weighted.centroids, lloyd(blobs, start, 5, weights), atol=1e-9)
+    # Weights below 1 per cluster: the centroids are the same weighted means.
+    tiny = kmeans(
+        assembled(spark, blobs, w=weights * 1e-3),
+        3,
+        weight="w",
+        init=start,
+        max_rounds=5,
+        tol=None,
+        progress=False,
+    )
+    np.testing.assert_allclose(tiny.centroids, weighted.centroids, atol=1e-9)
 
 
 def test_iteration_options_reach_the_run(spark, blobs, tmp_path):

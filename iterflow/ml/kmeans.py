@@ -40,7 +40,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StructField, StructType
 
 import iterflow as itf
-from iterflow.ml.features import Features, features_of, matrix, numbers
+from iterflow.ml.features import Features, features_of, matrix, weights
 from iterflow.ml.model import Fitted, MLError, ModelStep, model_field, worker_errors
 from iterflow.ml.params import IterationOptions, SavedModel, TrainingSummary, choice, param
 from iterflow.runtime.jvm import is_classic
@@ -57,10 +57,7 @@ def feature_matrix(spec: Features, weight: str | None = None) -> Callable[[pa.Ta
         x = matrix(table, spec)
         columns = {"x": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), spec.dims)}
         if weight is not None:
-            v = numbers(table, weight, "weight")
-            if (v < 0).any():
-                raise MLError(f"weight column '{weight}' has a negative value")
-            columns["v"] = pa.array(v)
+            columns["v"] = pa.array(weights(table, weight))
         return pa.table(columns)
 
     return prepare
@@ -147,7 +144,9 @@ class LloydStep(ModelStep):
     def extract_output(self, acc: tuple[Any, ...]) -> pa.Table:
         sums, counts, cost = acc
         centroids = self.centroids
-        moved = np.where(counts[:, None] > 0, sums / np.maximum(counts, 1)[:, None], centroids)
+        # counts are weights with weightCol: a cluster may weigh less than 1.
+        divisor = np.where(counts > 0, counts, 1.0)[:, None]
+        moved = np.where(counts[:, None] > 0, sums / divisor, centroids)
         shift = float(np.sqrt(((moved - centroids) ** 2).sum(axis=1)).max())
         self.loss.set(cost)
         return pa.table(
