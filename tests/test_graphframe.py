@@ -94,10 +94,14 @@ def test_degrees_and_triplets_have_graphframes_columns(spark):
     ) == sorted((f"v{a}", k, b) for k, (a, b) in enumerate(PAIRS))
 
 
-@pytest.mark.parametrize("source", [None, 2])
-def test_pagerank_follows_graphx_formula_with_graphframes_columns(spark, source):
+@pytest.mark.parametrize(
+    ("source", "method"), [(None, "arrow"), (2, "arrow"), (None, "dataframe"), (2, "dataframe")]
+)
+def test_pagerank_follows_graphx_formula_with_graphframes_columns(spark, source, method):
     g = frame(spark)
-    result = g.pageRank(resetProbability=0.2, sourceId=source, maxIter=12, progress=False)
+    result = g.pageRank(
+        resetProbability=0.2, sourceId=source, maxIter=12, method=method, progress=False
+    )
     assert isinstance(result, GraphFrame)
     assert result.vertices.columns == ["id", "name", "pagerank"]
     assert result.vertices.schema["pagerank"].dataType == DoubleType()

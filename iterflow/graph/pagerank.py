@@ -343,6 +343,8 @@ def pagerank(
             ids = vertex_ids(g)
             weights = pa.table({"id": ids, "teleport": _teleport(ids, personalization)})
             ranks = ranks.join(spark.createDataFrame(weights), "id")
+            if graphx:  # GraphX starts personalized ranks from the teleport, as the arrow path
+                ranks = ranks.withColumn("rank", F.col("teleport"))
         iteration = (
             itf.BoundedIteration(pagerank_body(n, alpha=alpha, tol=tol, keep_dangling=not graphx))
             .bind("ranks", ranks)
