@@ -34,6 +34,13 @@ class DivergenceError(IterflowError, ArithmeticError):
 _RAISED = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
 
 
+def raised_in(text: str) -> list[tuple[str, str]]:
+    """The ``(error type, message)`` of every line of ``text`` that reads like a raised
+    error (``module.SomeError: message``), in order: a worker's traceback ends with the
+    error it raised."""
+    return [(m.group(1), m.group(2)) for m in map(_RAISED.match, text.splitlines()) if m]
+
+
 def gist(cause: BaseException) -> str:
     """The first line of ``cause``; for an error from a Python worker, which opens with
     a header and a traceback, the error the worker raised."""
@@ -43,9 +50,9 @@ def gist(cause: BaseException) -> str:
     # PySpark 4.1+ opens with "...from the Python worker:"; 4.0 with "An exception was
     # thrown from the Python worker. Please see the stack trace below."
     if lines[0].rstrip().endswith(":") or "Python worker" in lines[0]:
-        raised = [m for m in map(_RAISED.match, lines) if m]
+        raised = raised_in(str(cause).strip())
         if raised:
-            return f"{lines[0].rstrip()} {raised[-1].group(1)}: {raised[-1].group(2)}"
+            return f"{lines[0].rstrip()} {raised[-1][0]}: {raised[-1][1]}"
     return lines[0]
 
 

@@ -106,6 +106,8 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("iterflow.testing.plugin", "iterflow.runtime.session"): "the fixture starts a session",
     ("iterflow.ml.kmeans", "iterflow.runtime.jvm"): "k-means++ samples as MLlib does "
     "(RDD.takeSample) where the session is classic",
+    ("iterflow.ml.model", "iterflow.errors"): "reads the error a worker raised as RoundError "
+    "messages do",
 }
 
 #: Modules that import no Spark: the leaves (the metrics' Spark bridge aside).

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import pickle
-import re
 import warnings
 from collections.abc import Iterator
 from typing import Any, cast
@@ -13,6 +12,7 @@ from typing import Any, cast
 from pyspark.sql import DataFrame
 
 import iterflow as itf
+from iterflow.errors import raised_in
 
 
 class MLError(itf.IterflowError, ValueError):
@@ -30,7 +30,8 @@ def model_field(column: str) -> Any:
     callable, so that it is read from the rows on the driver (no Spark job)."""
 
     def value(end: itf.RoundEnd) -> float:
-        return float(model_row(end.variables["model"])[column])
+        # The one column: the model row may hold much more (an optimizer's state).
+        return float(itf.to_arrow(end.variables["model"]).column(column)[0].as_py())
 
     return value
 
@@ -98,11 +99,6 @@ class Fitted:
         return list(self.fitted_result.history)
 
 
-#: How an ``MLError`` raised in a Python worker reads in the text of the error that
-#: reaches the driver (the worker's traceback ends with it).
-_WORKER_ML_ERROR = re.compile(r"^\s*(?:[\w.]+\.)?MLError: (.+)$", re.MULTILINE)
-
-
 @contextlib.contextmanager
 def worker_errors() -> Iterator[None]:
     """Bad input found where the rows are read (a NaN feature, a negative weight) raises
@@ -114,7 +110,7 @@ def worker_errors() -> Iterator[None]:
     except itf.RoundError as error:
         cause: BaseException | None = error
         while cause is not None:
-            found = _WORKER_ML_ERROR.findall(str(cause))
+            found = [message for kind, message in raised_in(str(cause)) if kind.endswith("MLError")]
             if found:
                 raise MLError(found[-1].strip()) from error
             cause = cause.__cause__ or cause.__context__
