@@ -124,6 +124,15 @@ def numbers(table: pa.Table, name: str, what: str) -> np.ndarray:
     return values
 
 
+def weights(table: pa.Table, name: str) -> np.ndarray:
+    """Column ``name`` of ``table`` as row weights: finite numbers, none negative (an
+    ``MLError`` naming the column otherwise)."""
+    values = numbers(table, name, "weight")
+    if (values < 0).any():
+        raise MLError(f"weight column '{name}' has a negative value")
+    return values
+
+
 def matrix(table: pa.Table, spec: Features) -> np.ndarray:
     """The features of ``table`` as a C-contiguous ``(rows, dims)`` float64 matrix."""
     if spec.kind == "columns":

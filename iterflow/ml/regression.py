@@ -41,7 +41,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.ml.features import Features, features_of, matrix, numbers
+from iterflow.ml.features import Features, features_of, matrix, numbers, weights
 from iterflow.ml.model import Fitted, MLError, ModelStep, model_field, model_row, worker_errors
 
 MODEL_SCHEMA = "coefficients ARRAY<DOUBLE>, loss DOUBLE, change DOUBLE"
@@ -65,9 +65,7 @@ def design(
     def prepare(table: pa.Table) -> pa.Table:
         x = matrix(table, features)
         y = numbers(table, label, "label")
-        v = np.ones(len(y)) if weight is None else numbers(table, weight, "weight")
-        if weight is not None and (v < 0).any():
-            raise MLError(f"weight column '{weight}' has a negative value")
+        v = np.ones(len(y)) if weight is None else weights(table, weight)
         if class_weight is not None:
             v = v * np.array([class_weight.get(c, 1.0) for c in y.tolist()], dtype=np.float64)
         rows = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), features.dims)
@@ -245,11 +243,6 @@ class FitOptions:
         elif self.loss_tol is not None:
             raise MLError("loss_tol is for solver='gd'; L-BFGS stops by tol, as Spark MLlib")
 
-    @property
-    def names(self) -> list[str]:
-        """The feature columns, as a list."""
-        return [self.features] if isinstance(self.features, str) else list(self.features)
-
 
 def regression_body(
     options: FitOptions, prepare: Callable[[pa.Table], pa.Table]
@@ -325,7 +318,7 @@ def _fit(df: DataFrame, options: FitOptions) -> RegressionModel:
     prepare = design(spec, options.label, options.weight, options.class_weight)
     if options.kind == "logistic":
         prepare = binary_labels(prepare, options.label)
-    features = options.features if isinstance(options.features, str) else options.names
+    features = options.features if isinstance(options.features, str) else list(options.features)
     if options.solver == "lbfgs":
         return _fit_lbfgs(df, options, spec, features, prepare)
     start = df.sparkSession.createDataFrame(
