@@ -22,7 +22,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.graph.model import GraphError, as_graph
+from iterflow.graph.model import GraphError, as_graph, nested
 
 
 @itf.body
@@ -110,7 +110,7 @@ def bfs(
         return nothing
     both = _where(starts, to_expr, "to_expr")
     if both.take(1):
-        return both.select(_nested(both, "from"), _nested(both, "to"))
+        return both.select(nested(both, "from"), nested(both, "to"))
     if max_path_length == 0:
         return nothing
     ids = vertices.select("id")
@@ -133,13 +133,9 @@ def bfs(
     if listen is not None:
         iteration = iteration.listen(listen)
     result = iteration.run(**run_options)
-    if not result.history[-1].rows.get("found"):
+    if not _found_target(result.history[-1]):
         return nothing
     return _paths(vertices, walked, result.outputs["reached"], result.outputs["found"])
-
-
-def _nested(df: DataFrame, name: str) -> Column:
-    return F.struct(*(df[c] for c in df.columns)).alias(name)
 
 
 def _paths(vertices: DataFrame, edges: DataFrame, levels: DataFrame, found: DataFrame) -> DataFrame:
@@ -155,9 +151,9 @@ def _paths(vertices: DataFrame, edges: DataFrame, levels: DataFrame, found: Data
     starts = levels.where(F.col("level") == 0).select("id")
     on_path.insert(0, starts)
 
-    rows = vertices.select(F.col("id").alias("_at"), _nested(vertices, "v"))
+    rows = vertices.select(F.col("id").alias("_at"), nested(vertices, "v"))
     edge_rows = edges.select(
-        F.col("src").alias("_from"), F.col("dst").alias("_to"), _nested(edges, "e")
+        F.col("src").alias("_from"), F.col("dst").alias("_to"), nested(edges, "e")
     )
     paths = (
         on_path[0]

@@ -25,7 +25,7 @@ from iterflow.graph.bfs import bfs
 from iterflow.graph.components import connected_components, undirected_edges
 from iterflow.graph.frame_pregel import PregelBuilder
 from iterflow.graph.labels import label_propagation
-from iterflow.graph.model import Graph, GraphError, as_graph
+from iterflow.graph.model import Graph, GraphError, as_graph, nested
 from iterflow.graph.pagerank import pagerank
 from iterflow.graph.paths import shortest_paths
 from iterflow.graph.scc import strongly_connected_components
@@ -101,11 +101,8 @@ class GraphFrame(Graph):
     def triplets(self) -> DataFrame:
         """``src``, ``edge``, ``dst``: every edge with its two vertices, as structs."""
         v = self.vertices
-        source = v.select(F.struct(*(v[c] for c in v.columns)).alias("src"))
-        target = v.select(F.struct(*(v[c] for c in v.columns)).alias("dst"))
-        edge = self.edges.select(
-            F.struct(*(self.edges[c] for c in self.edges.columns)).alias("edge")
-        )
+        source, target = v.select(nested(v, "src")), v.select(nested(v, "dst"))
+        edge = self.edges.select(nested(self.edges, "edge"))
         return (
             edge.join(source, F.col("edge.src") == F.col("src.id"))
             .join(target, F.col("edge.dst") == F.col("dst.id"))
@@ -302,12 +299,11 @@ class GraphFrame(Graph):
             raise GraphError(f"maxIter={max_iter} must be >= 1")
         if personalization is not None:
             self._check_ids("sourceId", list(personalization))
-        n = self.vertices.count()
         return pagerank(
             self,
             # GraphX's tolerance bounds every vertex's change of its rank out of n;
             # iterflow's bounds the sum of the changes of ranks out of 1.
-            tol=None if tol is None else tol / n,
+            tol=None if tol is None else tol / self.vertices.count(),
             max_rounds=_UNBOUNDED if max_iter is None else max_iter,
             alpha=1.0 - reset,
             personalization=personalization,

@@ -22,7 +22,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.graph.model import GraphError
+from iterflow.graph.model import GraphError, nested
 from iterflow.graph.pregel import _DST, _EDGE, _MSG, _SRC, Pregel, _sent_nothing
 
 #: The active flag and message columns under GraphFrames' names.
@@ -34,7 +34,7 @@ def _triplet_side(df: DataFrame, name: str, prefix: str) -> DataFrame:
     """``df``'s rows as the struct ``name`` (GraphFrames' references) and as flat columns
     named ``prefix + column`` (iterflow's)."""
     return df.select(
-        F.struct(*(F.col(c) for c in df.columns)).alias(name),
+        nested(df, name),
         *(F.col(c).alias(prefix + c) for c in df.columns),
     )
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
 
 import iterflow as itf
 
@@ -61,6 +62,12 @@ class Graph:
                 f"vertex ids and edge ends must have one type, got {described}; cast them "
                 "to the same type"
             )
+
+
+def nested(df: DataFrame, name: str) -> Column:
+    """All of ``df``'s columns as one struct column ``name`` (a vertex or edge row, as
+    GraphFrames nests them in triplets and paths)."""
+    return F.struct(*(df[c] for c in df.columns)).alias(name)
 
 
 def as_graph(graph: Any) -> Graph:
