@@ -36,7 +36,7 @@ from pyspark.sql.streaming import StreamingQuery
 from iterflow.records import RoundProgress
 from iterflow.runtime.files import Files, files_for
 from iterflow.runtime.jvm import HadoopFiles, file_sources, stream_checkpoint, time_setting_ms
-from iterflow.unbounded.source_log import log_entries, log_files
+from iterflow.unbounded.source_log import is_compaction, log_entries, log_files
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ class FileSourceBacklog:
     def _read_log(self) -> None:
         """Add the files of the micro-batches logged since the last read to ``_taken``."""
         logged = log_files(self._files, self._log_dir)
-        compacts = [batch for batch, name in logged.items() if name.endswith(".compact")]
+        compacts = [batch for batch, name in logged.items() if is_compaction(name)]
         newer = [b for b in sorted(logged) if b > self._read_through]
         # A compaction holds every file up to its micro-batch: the files before it are spared.
         latest = max((b for b in compacts if b > self._read_through), default=None)

@@ -34,7 +34,7 @@ from pyspark.sql import DataFrame, SparkSession
 from iterflow.errors import IterflowError
 from iterflow.runtime.files import Files, files_for
 from iterflow.runtime.jvm import stream_sources
-from iterflow.unbounded.source_log import log_entries, log_files
+from iterflow.unbounded.source_log import is_compaction, log_entries, log_files
 
 #: Sources that read again what they delivered once, from the offsets Spark recorded.
 REPLAYABLE = ("kafka", "rate", "rate-micro-batch")
@@ -136,22 +136,22 @@ def _rewind_file_log(files: Files, directory: str, offset: int, default_interval
     later = sorted(n for n in entries if n > offset)
     if not later:
         return
-    compactions = [n for n in later if entries[n].endswith(".compact")]
+    compactions = [n for n in later if is_compaction(entries[n])]
     rebuilt = _entries(files, f"{directory}/{entries[compactions[0]]}") if compactions else []
-    kept = [n for n, name in entries.items() if n <= offset and name.endswith(".compact")]
+    kept = [n for n, name in entries.items() if n <= offset and is_compaction(name)]
     interval = compact_interval(kept, default_interval)
     for batch in valid_batches(offset, interval):
         name = file_name(batch, interval)
         if entries.get(batch) == name or not rebuilt:
             continue  # there already, or nothing to rebuild it from (checked below)
-        compaction = name.endswith(".compact")
+        compaction = is_compaction(name)
         lines = [line for line, of in rebuilt if (of <= batch if compaction else of == batch)]
         text = "\n".join(["v1", *lines])
         files.write_bytes(f"{directory}/{name}", text.encode("utf-8"), atomic=True)
     for batch in later:
         _delete(files, directory, entries[batch])
     entries = log_files(files, directory)
-    kept = [n for n, name in entries.items() if name.endswith(".compact")]
+    kept = [n for n, name in entries.items() if is_compaction(name)]
     interval = compact_interval(kept, default_interval)
     missing = [
         file_name(b, interval)

@@ -26,6 +26,11 @@ def log_files(files: Files, directory: str) -> dict[int, str]:
     return entries
 
 
+def is_compaction(name: str) -> bool:
+    """Whether the log file ``name`` is a compaction (``<n>.compact``)."""
+    return name.endswith(".compact")
+
+
 def log_entries(files: Files, path: str) -> list[tuple[str, dict[str, Any]]]:
     """Each entry of the log file ``path``: its JSON line, and that line read."""
     lines = files.read_bytes(path).decode("utf-8").splitlines()[1:]  # after the version
