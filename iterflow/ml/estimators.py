@@ -48,9 +48,16 @@ from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from iterflow.ml.features import features_of
+from iterflow.ml.features import linear_score
 from iterflow.ml.model import Fitted, MLError
-from iterflow.ml.params import IterationOptions, SavedModel, TrainingSummary, choice, param
+from iterflow.ml.params import (
+    IterationOptions,
+    SavedModel,
+    TrainingSummary,
+    choice,
+    param,
+    weight_column,
+)
 from iterflow.ml.regression import RegressionModel, linear_regression, logistic_regression
 
 #: ``solver`` values: ``"lbfgs"`` (MLlib spells it ``"l-bfgs"``; ``"auto"`` picks it)
@@ -107,11 +114,10 @@ class _RegressionParams(
     def _fit_options(self) -> dict[str, Any]:
         """The short form's options from these Params."""
         gd = self.getSolver() == "gd"
-        weight = self.getOrDefault(self.weightCol) if self.isDefined(self.weightCol) else None
         return {
             "features": self.getFeaturesCol(),
             "label": self.getLabelCol(),
-            "weight": weight or None,
+            "weight": weight_column(self),
             "solver": "gd" if gd else "lbfgs",
             **({"learning_rate": self.getLearningRate()} if gd else {}),
             "reg": self.getRegParam(),
@@ -167,9 +173,9 @@ class _FittedRegression(Model, SavedModel, Fitted):
 
     def _margin(self, df: DataFrame) -> Column:
         """``features . coefficients + intercept``, as a Spark SQL expression."""
+        coefficients = self.coefficients.toArray().tolist()
         column = self.getOrDefault("featuresCol")
-        spec = features_of(df, column, type(self).__name__, dims=self.numFeatures)
-        return spec.dot(self.coefficients.toArray().tolist()) + F.lit(self.intercept)
+        return linear_score(df, column, coefficients, self.intercept, type(self).__name__)
 
     def _point_margin(self, value: Any) -> float:
         point = np.asarray(value.toArray() if hasattr(value, "toArray") else value, float)

@@ -115,6 +115,19 @@ def features_of(
     return Features(tuple(names), "columns", len(names))
 
 
+def linear_score(
+    df: DataFrame,
+    features: Sequence[str] | str,
+    coefficients: Sequence[float],
+    intercept: float,
+    who: str,
+) -> Column:
+    """``features . coefficients + intercept`` for every row of ``df``, as a Spark SQL
+    expression; ``who`` names the caller in errors."""
+    spec = features_of(df, features, who, dims=len(coefficients))
+    return spec.dot(coefficients) + F.lit(float(intercept))
+
+
 def numbers(table: pa.Table, name: str, what: str) -> np.ndarray:
     """Column ``name`` of ``table`` as float64; a null, NaN or infinite value is an
     ``MLError`` naming the column (``what`` says what it holds: "label", "weight")."""

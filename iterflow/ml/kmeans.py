@@ -42,7 +42,14 @@ from pyspark.sql.types import IntegerType, StructField, StructType
 import iterflow as itf
 from iterflow.ml.features import Features, features_of, matrix, weights
 from iterflow.ml.model import Fitted, MLError, ModelStep, model_field, worker_errors
-from iterflow.ml.params import IterationOptions, SavedModel, TrainingSummary, choice, param
+from iterflow.ml.params import (
+    IterationOptions,
+    SavedModel,
+    TrainingSummary,
+    choice,
+    param,
+    weight_column,
+)
 from iterflow.runtime.jvm import is_classic
 
 MODEL_SCHEMA = "centroids ARRAY<DOUBLE>, cost DOUBLE, shift DOUBLE"
@@ -344,7 +351,7 @@ class KMeans(
             dataset,
             self.getK(),
             features=self.getFeaturesCol(),
-            weight=self.getOrDefault(self.weightCol) if self.isDefined(self.weightCol) else None,
+            weight=weight_column(self),
             max_rounds=self.getMaxIter(),
             tol=self.getTol(),
             init="k-means++" if mode == "k-means||" else mode,

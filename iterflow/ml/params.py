@@ -68,6 +68,13 @@ def param(owner: Any, name: str, doc: str, converter: Any) -> Param[Any]:
     return Param(owner, name, doc, typeConverter=converter)
 
 
+def weight_column(params: Any) -> str | None:
+    """An Estimator's ``weightCol``, or None when it is not set (or set empty)."""
+    if not params.isDefined(params.weightCol):
+        return None
+    return params.getOrDefault(params.weightCol) or None
+
+
 @attrs.frozen
 class TrainingSummary:
     """What a fit did: MLlib's ``objectiveHistory`` (the objective at every iteration)

@@ -41,7 +41,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.ml.features import Features, features_of, matrix, numbers, weights
+from iterflow.ml.features import Features, features_of, linear_score, matrix, numbers, weights
 from iterflow.ml.model import Fitted, MLError, ModelStep, model_field, model_row, worker_errors
 
 MODEL_SCHEMA = "coefficients ARRAY<DOUBLE>, loss DOUBLE, change DOUBLE"
@@ -301,8 +301,9 @@ class RegressionModel(Fitted):
     def predict(self, df: DataFrame, output: str = "prediction") -> DataFrame:
         """``df`` with ``output``: the fitted value (linear) or the probability of label 1
         (logistic)."""
-        spec = features_of(df, self.features, "predict()", dims=len(self.coefficients))
-        score = spec.dot(self.coefficients.tolist()) + F.lit(self.intercept)
+        score = linear_score(
+            df, self.features, self.coefficients.tolist(), self.intercept, "predict()"
+        )
         value = score if self.kind == "linear" else 1.0 / (1.0 + F.exp(-score))
         return df.withColumn(output, value)
 
