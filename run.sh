@@ -3,6 +3,7 @@
 #   bash run.sh demo pagerank [options]   run the PageRank demo on an embedded local Spark
 #   bash run.sh demo online-kmeans        online k-means over files arriving in a watched folder
 #   bash run.sh test [pytest args]        lint, type-check and run the test suite
+#   bash run.sh test --slow [pytest args] the slow fault and soak tests (marked slow_spark) only
 #   bash run.sh test-oldest [pytest args] the core tests on the oldest supported PySpark
 # The first call creates .venv and installs iterflow with its test tools into it.
 set -euo pipefail
@@ -62,6 +63,10 @@ case "$command" in
     exec "$venv/bin/iterflow" demo "$@"
     ;;
   test)
+    if [ "${1:-}" = "--slow" ]; then
+      shift
+      set -- -m slow_spark "$@"
+    fi
     "$venv/bin/ruff" check .
     "$venv/bin/ruff" format --check .
     "$venv/bin/mypy"
