@@ -19,7 +19,7 @@ from iterflow.body import Declaration, IterationBody, RoundContext, body
 from iterflow.bounded import BoundedIteration, IterationResult
 from iterflow.errors import DivergenceError, IterflowError, IterflowWarning, RoundError
 from iterflow.progress import IterationEnd, RoundEnd, RoundListener, RoundProgress, RoundSample
-from iterflow.records import Termination
+from iterflow.records import Rollback, Termination
 from iterflow.runtime.combine import CombineFn, combine
 from iterflow.runtime.driver_variables import to_arrow, vector, vector_cell
 from iterflow.runtime.session import session
@@ -42,6 +42,7 @@ __all__ = [
     "IterationResult",
     "IterflowError",
     "IterflowWarning",
+    "Rollback",
     "RoundContext",
     "RoundEnd",
     "RoundError",

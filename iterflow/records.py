@@ -4,7 +4,7 @@ the loops: what one round did (``RoundProgress``) and why the run stopped
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -17,6 +17,54 @@ def _path(value: Any) -> tuple[int, ...]:
 
 def _frozen_dict(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return dict(value or {})
+
+
+def _strings(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(str(value) for value in values)
+
+
+@attrs.frozen(kw_only=True)
+class Rollback:
+    """A bounded run lost data Spark cannot recompute and went back to a durable checkpoint.
+
+    Round ``failed_epoch`` failed because blocks of the previous round's local
+    checkpoint were gone: ``lost_blocks`` names them (Spark's block ids, e.g.
+    ``rdd_42_3``) and ``lost_executors`` the executors Spark removed since the run
+    started (``"1 at 10.0.0.7:40123 (Command exited with code 137)"``: id, address
+    and Spark's reason); either is empty when Spark did not say. The run went on from
+    the durable checkpoint of ``to_epoch``:
+    ``rounds_recomputed`` rounds that had completed (``to_epoch + 1`` to
+    ``failed_epoch - 1``) ran again, then the failed one. ``at`` is when (aware UTC).
+    """
+
+    failed_epoch: int
+    to_epoch: int
+    lost_blocks: tuple[str, ...] = attrs.field(default=(), converter=_strings)
+    lost_executors: tuple[str, ...] = attrs.field(default=(), converter=_strings)
+    at: datetime
+
+    @property
+    def rounds_recomputed(self) -> int:
+        return self.failed_epoch - self.to_epoch - 1
+
+    @property
+    def lost(self) -> str:
+        """What was lost, in words: ``"blocks rdd_42_1, rdd_42_3 (executor 1 at
+        10.0.0.7:40123 (...) was lost)"``."""
+        return describe_loss(self.lost_blocks, self.lost_executors)
+
+
+def describe_loss(blocks: Sequence[str], executors: Sequence[str]) -> str:
+    """``blocks`` of a local checkpoint and the ``executors`` that left, in words."""
+    what = f"block{'s' if len(blocks) > 1 else ''} {', '.join(blocks)}" if blocks else "a block"
+    return f"{what} ({executors_lost(executors)})" if executors else what
+
+
+def executors_lost(executors: Sequence[str]) -> str:
+    """``"executor 1 at 10.0.0.7:40123 (...) was lost"``, for one or more ``executors``."""
+    several = len(executors) > 1
+    were = "were" if several else "was"
+    return f"executor{'s' if several else ''} {'; '.join(executors)} {were} lost"
 
 
 @attrs.frozen(kw_only=True)
@@ -49,6 +97,10 @@ class RoundProgress:
     ``epoch_path`` places the round among nested iterations, outermost first:
     ``(epoch,)`` for a run of its own, ``(3, 0)`` for round 0 of an iteration run
     inside round 3 of another (by its body or a listener).
+
+    ``rollback`` is set on the first round a run ran after going back to a durable
+    checkpoint (see ``Rollback``): what was lost, the epoch it went back to, and the
+    rounds it ran again. None otherwise.
 
     Unbounded iterations in event time also fill in ``watermarks`` (aware UTC
     datetimes after the epoch: each input bound with ``event_time=``, each
@@ -83,6 +135,23 @@ class RoundProgress:
     watermarks: Mapping[str, datetime] = attrs.field(factory=dict, converter=_frozen_dict)
     late_rows: Mapping[str, int] = attrs.field(factory=dict, converter=_frozen_dict)
     state_rows: Mapping[str, int] = attrs.field(factory=dict, converter=_frozen_dict)
+    rollback: Rollback | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {field.name: getattr(self, field.name) for field in attrs.fields(RoundProgress)}
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        """Unpickle, giving fields a pickle from an older iterflow lacks their defaults (a
+        checkpoint's history from before they existed)."""
+        for field in attrs.fields(RoundProgress):
+            if field.name in state:
+                value = state[field.name]
+            elif isinstance(field.default, attrs.Factory):  # type: ignore[arg-type]
+                factory = field.default.factory  # type: ignore[union-attr]
+                value = factory(self) if field.default.takes_self else factory()  # type: ignore[union-attr]
+            else:
+                value = field.default
+            object.__setattr__(self, field.name, value)
 
 
 @attrs.frozen(kw_only=True)

@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 
 import iterflow as itf
 from iterflow.progress.events import read_events, round_ends
+from iterflow.progress.report import format_report
 from iterflow.runtime.checkpoint import MARKER, epoch_dir
 from iterflow.runtime.driver_variables import DRIVER_ROWS_CONF
 
@@ -262,7 +263,11 @@ def test_a_lost_checkpoint_block_rolls_back_to_the_durable_checkpoint(
         rounds.inc()
 
     log = tmp_path / "events.jsonl"
-    with pytest.warns(itf.IterflowWarning, match="epoch 5 lost a local checkpoint block"):
+    with pytest.warns(
+        itf.IterflowWarning,
+        match=r"epoch 5: block rdd_\d+_\d+ of the previous round's local checkpoint is gone "
+        r".*; rolling back to the durable checkpoint of epoch 3 .*\(1 completed round",
+    ):
         result = run(
             spark,
             tmp_path / "ckpt",
@@ -283,6 +288,20 @@ def test_a_lost_checkpoint_block_rolls_back_to_the_durable_checkpoint(
     ] == [0, 1, 2, 3, 4, 3, 4, 5, 6, 7]
     assert [e["event"] for e in events].count("rolled_back") == 1
     assert [e["epoch"] for e in round_ends(events)] == list(range(8))
+    # The rollback is on the result, on the round run first after it, and in the report.
+    (rollback,) = result.rollbacks
+    assert (rollback.failed_epoch, rollback.to_epoch, rollback.rounds_recomputed) == (5, 3, 1)
+    assert len(rollback.lost_blocks) == 1 and rollback.lost_blocks[0].startswith("rdd_")
+    assert rollback.lost_executors == ()  # the block was dropped, no executor left
+    assert [p.epoch for p in result.history if p.rollback is not None] == [4]
+    assert result.history[4].rollback == rollback
+    (logged,) = [e for e in events if e["event"] == "rolled_back"]
+    assert logged["lost_blocks"] == list(rollback.lost_blocks)
+    assert round_ends(events)[4]["rollback"]["failed_epoch"] == 5
+    assert (
+        f"rolled back: epoch 5 lost block {rollback.lost_blocks[0]}; to the durable checkpoint "
+        "of epoch 3, 1 completed round(s) recomputed" in format_report(events)
+    )
 
 
 @pytest.mark.spark_classic("drops a checkpoint block through the py4j handle")
@@ -291,7 +310,11 @@ def test_a_lost_checkpoint_block_without_checkpoints_names_the_remedy(
     spark: SparkSession,
 ) -> None:
     it = itf.BoundedIteration(make_body([])).bind("v", start(spark)).listen(lose_block_at(2))
-    with pytest.raises(itf.IterflowError, match=r"epoch 3: a block .* checkpoint_dir="):
+    with pytest.raises(
+        itf.IterflowError,
+        match=r"epoch 3: block rdd_\d+_\d+ of the previous round's local checkpoint is gone "
+        r"\(its executor was lost, or dynamic allocation removed it\).* checkpoint_dir=",
+    ):
         it.until(itf.max_rounds(5)).run()
 
 

@@ -230,6 +230,7 @@ class RoundLoop:
             emitted={k: list(v) for k, v in self.loop.emitter.values.items()},
             metrics=metrics,
             resumed_from=resumed_from,
+            rollbacks=list(self.recovery.rollbacks),
         )
 
     def discard_sinks_after(self, epoch: int) -> None:

@@ -9,13 +9,18 @@ times.
 
 from __future__ import annotations
 
+import re
+import time
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame
 
 from iterflow.bounded.result import IterationResult
 from iterflow.errors import IterflowError, IterflowValueError, RoundError, warn
+from iterflow.records import Rollback, describe_loss, executors_lost
 from iterflow.runtime.checkpoint import Checkpoint
+from iterflow.runtime.jvm import removed_executors
 from iterflow.runtime.run_observers import enclosing_round
 from iterflow.termination import max_rounds_of
 
@@ -31,7 +36,11 @@ class Recovery:
 
     def __init__(self, owner: RoundLoop) -> None:
         self.owner = owner
-        self.rollbacks = 0
+        #: The rollbacks of this run() so far.
+        self.rollbacks: list[Rollback] = []
+        #: When this run() started, in ms since the epoch (executors removed before it
+        #: are not this run's loss).
+        self._started_ms = int(time.time() * 1000)
 
     def finished(self, checkpoint: Checkpoint) -> IterationResult | None:
         """The result of a finished run, read back from its final ``checkpoint``; None when
@@ -69,11 +78,15 @@ class Recovery:
         continue from the last durable checkpoint (its next round's inputs), or fail
         with the remedy."""
         owner = self.owner
-        lost = (
-            f"epoch {epoch}: a block of the previous round's local checkpoint is gone (its "
-            "executor was lost, or dynamic allocation removed it), and Spark cannot "
-            "recompute it"
+        blocks, executors = self._loss(error)
+        gone = f"{describe_loss(blocks, [])} of the previous round's local checkpoint"
+        gone += " are gone" if len(blocks) > 1 else " is gone"
+        cause = (
+            executors_lost(executors)
+            if executors
+            else "its executor was lost, or dynamic allocation removed it"
         )
+        lost = f"epoch {epoch}: {gone} ({cause}), and Spark cannot recompute it"
         keep = (
             "keep executors that hold cached data "
             "(spark.dynamicAllocation.cachedExecutorIdleTimeout)"
@@ -87,7 +100,7 @@ class Recovery:
                 f"{lost}. Run with checkpoint_dir=... so that iterflow rolls back to the "
                 f"last durable checkpoint, and {keep}"
             ) from error
-        if self.rollbacks >= MAX_ROLLBACKS:
+        if len(self.rollbacks) >= MAX_ROLLBACKS:
             raise IterflowError(
                 f"{lost}, and this run has rolled back {MAX_ROLLBACKS} times already; "
                 f"{keep}, then run() again to resume"
@@ -99,17 +112,32 @@ class Recovery:
                 f"{lost}, and no checkpoint has committed yet (the first is due after epoch "
                 f"{checkpointing.options.every - 1}); lower checkpoint_every, or {keep}"
             ) from error
-        self.rollbacks += 1
-        warn(
-            f"epoch {epoch} lost a local checkpoint block; rolling back to the durable "
-            f"checkpoint of epoch {checkpoint.epoch} and running again from epoch "
-            f"{checkpoint.epoch + 1}"
+        rollback = Rollback(
+            failed_epoch=epoch,
+            to_epoch=checkpoint.epoch,
+            lost_blocks=blocks,
+            lost_executors=executors,
+            at=datetime.now(timezone.utc),
         )
-        owner.loop.observers.rolled_back(checkpoint.epoch)
+        self.rollbacks.append(rollback)
+        warn(
+            f"{lost}; rolling back to the durable checkpoint of epoch {checkpoint.epoch} and "
+            f"running again from epoch {checkpoint.epoch + 1} "
+            f"({rollback.rounds_recomputed} completed round(s) recomputed)"
+        )
+        owner.loop.observers.rolled_back(rollback)
         owner.cycle.drop_rounds()
         current = self.resume(checkpoint)
         owner.cycle.own_inputs(current, skip=owner.replay)
         return current
+
+    def _loss(self, error: BaseException) -> tuple[list[str], list[str]]:
+        """The block ids Spark's ``error`` names, and the executors removed since this run
+        started (each described by id, address and Spark's reason)."""
+        text = f"{error} {error.__cause__}"
+        blocks = list(dict.fromkeys(re.findall(r"\brdd_\d+_\d+\b", text)))
+        executors = removed_executors(self.owner.spark, self._started_ms) or []
+        return blocks, executors
 
     def _check_reachable(self, checkpoint: Checkpoint) -> None:
         """A run cannot resume past a static max_rounds it has already passed."""

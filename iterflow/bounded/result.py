@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 from pyspark.sql import DataFrame
 
-from iterflow.records import RoundProgress, Termination
+from iterflow.records import Rollback, RoundProgress, Termination
 from iterflow.runtime.materialize import release
 
 
@@ -16,7 +16,10 @@ from iterflow.runtime.materialize import release
 class IterationResult:
     """Outputs of the last round, how the iteration ended, and its per-round history.
 
-    ``outputs`` are materialized and stay valid until :meth:`release`.
+    ``outputs`` are materialized and stay valid until :meth:`release`. ``rollbacks``
+    lists the times this ``run()`` went back to a durable checkpoint after losing data
+    Spark could not recompute (also on the ``RoundProgress.rollback`` of the round run
+    first after each).
     """
 
     outputs: Mapping[str, DataFrame]
@@ -26,6 +29,7 @@ class IterationResult:
     emitted: dict[str, list[Any]]
     metrics: dict[str, Any] = attrs.field(factory=dict)
     resumed_from: int | None = None
+    rollbacks: list[Rollback] = attrs.field(factory=list)
 
     def release(self) -> None:
         """Free the memory held by ``outputs``; they cannot be read afterwards."""

@@ -27,7 +27,7 @@ from typing import Any
 
 from iterflow.errors import IterflowError, IterflowValueError
 from iterflow.metrics.values import MetricResult, results_to_json, value_to_json
-from iterflow.records import RoundProgress, RoundSample, Termination
+from iterflow.records import Rollback, RoundProgress, RoundSample, Termination
 
 
 def progress_to_dict(p: RoundProgress) -> dict[str, Any]:
@@ -61,6 +61,20 @@ def progress_to_dict(p: RoundProgress) -> dict[str, Any]:
         "watermarks": {name: mark.isoformat() for name, mark in p.watermarks.items()},
         "late_rows": dict(p.late_rows),
         "state_rows": dict(p.state_rows),
+        "rollback": None if p.rollback is None else rollback_to_dict(p.rollback),
+    }
+
+
+def rollback_to_dict(rollback: Rollback) -> dict[str, Any]:
+    """A rollback's fields, and its ``lost`` in words, as JSON-ready data."""
+    return {
+        "failed_epoch": rollback.failed_epoch,
+        "to_epoch": rollback.to_epoch,
+        "rounds_recomputed": rollback.rounds_recomputed,
+        "lost_blocks": list(rollback.lost_blocks),
+        "lost_executors": list(rollback.lost_executors),
+        "lost": rollback.lost,
+        "at": rollback.at.isoformat(),
     }
 
 
@@ -215,10 +229,10 @@ class EventLog:
             epoch_path=list(epoch_path),
         )
 
-    def rolled_back(self, *, run_id: str, to_epoch: int) -> None:
-        """The run went back to the durable checkpoint of ``to_epoch``; the rounds after it
-        run again and log ``round_end`` again."""
-        self._write("rolled_back", run_id, to_epoch=to_epoch)
+    def rolled_back(self, *, run_id: str, rollback: Rollback) -> None:
+        """The run went back to the durable checkpoint of ``rollback.to_epoch``; the rounds
+        after it run again and log ``round_end`` again."""
+        self._write("rolled_back", run_id, **rollback_to_dict(rollback))
 
     def _write(self, event: str, run_id: str, **fields: Any) -> None:
         record = {

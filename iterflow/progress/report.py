@@ -157,6 +157,11 @@ def _summary(
         f"rounds: {(end or {}).get('rounds', len(rounds))}, {total:.3g} s in total{median}",
         f"ended: {ending(events)}{detail}",
     ]
+    lines += [
+        f"rolled back: {_rollback(e)}"
+        for e in events
+        if e["event"] == "rolled_back" and e.get("run_id") == run
+    ]
     if nested:
         inner = {e.get("run_id") for e in nested}
         lines.append(f"nested runs: {len(inner)}, {len(nested)} rounds in all")
@@ -172,6 +177,17 @@ def _summary(
             align="<<>>",
         )
     return lines
+
+
+def _rollback(event: Mapping[str, Any]) -> str:
+    """A ``rolled_back`` event in words (a log from before it said what was lost: less)."""
+    back = f"to the durable checkpoint of epoch {event.get('to_epoch')}"
+    if event.get("failed_epoch") is None:
+        return back
+    return (
+        f"epoch {event['failed_epoch']} lost {event.get('lost', 'data')}; {back}, "
+        f"{event.get('rounds_recomputed')} completed round(s) recomputed"
+    )
 
 
 def _cell(value: Any) -> str:

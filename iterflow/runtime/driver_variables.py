@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from iterflow.errors import IterflowValueError
-from iterflow.runtime.jvm import is_classic, lazy_local_frame
+from iterflow.runtime.jvm import is_classic, is_local, lazy_local_frame
 
 #: A variable that had at most this many rows in the previous round is collected rather
 #: than checkpointed: the next body (and a commit) reads it without a Spark job...
@@ -68,7 +68,7 @@ class DriverVariables:
             self.rows = {
                 name: len(df.limit(self.limit + 1).collect())
                 for name, df in inputs.items()
-                if df.isLocal()
+                if is_local(df)
             }
 
     def small(self, names: Collection[str]) -> list[str]:
@@ -132,7 +132,7 @@ def to_arrow(df: DataFrame) -> pa.Table:
     held = held_on_driver(df)
     if held is not None:
         return held
-    if df.isLocal():  # rows in the plan: collect() runs no Spark job, toArrow() would
+    if is_local(df):  # rows in the plan: collect() runs no Spark job, toArrow() would
         from pyspark.sql.pandas.types import to_arrow_schema
 
         rows = [row.asDict(recursive=True) for row in df.collect()]

@@ -481,3 +481,51 @@ def status_stores(spark: SparkSession) -> tuple[Any, Any, Any]:
     jsc = context._jsc.sc()
     sql = spark._jsparkSession.sharedState().statusStore()
     return jsc.statusTracker(), jsc.statusStore(), sql
+
+
+def removed_executors(spark: SparkSession, since_ms: int) -> list[str] | None:
+    """The executors Spark removed at or after ``since_ms`` (ms since the epoch), each as
+    ``"ID at HOST:PORT (REASON)"``, from the driver's app status store (which keeps removed
+    executors); None without a classic session or when Spark's internals do not say."""
+    context = spark_context(spark)
+    if context is None:
+        return None
+    try:
+        executors = context._jsc.sc().statusStore().executorList(False)
+        removed = []
+        for summary in jvm_iterate(executors.iterator()):
+            when = summary.removeTime()
+            if summary.isActive() or when.isEmpty() or when.get().getTime() < since_ms:
+                continue
+            reason = summary.removeReason()
+            described = f"{summary.id()} at {summary.hostPort()}"
+            removed.append(described if reason.isEmpty() else f"{described} ({reason.get()})")
+        return removed
+    except Exception as exc:  # an internal API: without it, the error says less
+        log.debug("could not list removed executors: %s", exc)
+        return None
+
+
+def is_local(df: DataFrame) -> bool:
+    """``df.isLocal()``, without PySpark Connect's cache of it (see ``_uncached``)."""
+    return bool(_uncached(df, "isLocal")())
+
+
+def is_empty(df: DataFrame) -> bool:
+    """``df.isEmpty()``, without PySpark Connect's cache of it (see ``_uncached``)."""
+    return bool(_uncached(df, "isEmpty")())
+
+
+def _uncached(df: DataFrame, method: str) -> Any:
+    """``df``'s bound ``method``, bypassing a ``functools.cache`` on it.
+
+    PySpark's Connect DataFrame caches ``isLocal``, ``isEmpty`` and a few more with
+    ``functools.cache`` on the class: the cache keeps every DataFrame it was asked
+    about, so a DataFrame over a released checkpoint is never garbage collected, its
+    ``CachedRemoteRelation`` never tells the server to drop it, and the server keeps
+    every round's checkpoint blocks until the session ends. Calling the function under
+    the cache leaves nothing behind.
+    """
+    bound = getattr(df, method)
+    wrapped = getattr(getattr(type(df), method, None), "__wrapped__", None)
+    return bound if wrapped is None else wrapped.__get__(df, type(df))

@@ -29,6 +29,8 @@ from iterflow.runtime.driver_variables import held_frame, held_on_driver
 from iterflow.runtime.jvm import (
     deliver_observations,
     is_classic,
+    is_empty,
+    is_local,
     observation_ready,
     release_local_checkpoint,
     set_checkpoint_statistics,
@@ -86,7 +88,7 @@ def persist_owned(df: DataFrame) -> bool:
     """Persist ``df`` unless it is cached already or is rows held on the driver (a local
     relation: caching it would only make reading it a Spark job); True when iterflow now
     owns the cache."""
-    if is_persisted(df) or df.isLocal():
+    if is_persisted(df) or is_local(df):
         return False
     df.persist(StorageLevel.MEMORY_AND_DISK)
     return True
@@ -189,7 +191,7 @@ def materialize(
         for key in metrics.keys() & tables.keys():  # rows on the driver: a local aggregate
             first = frames[key].agg(*metrics[key]).first()
             aggregates[key] = first.asDict() if first is not None else {}
-        empty = {id(df): (rows[id(df)] == 0 if id(df) in rows else df.isEmpty()) for df in criteria}
+        empty = {id(df): (rows[id(df)] == 0 if id(df) in rows else is_empty(df)) for df in criteria}
         read = {id(df): _one_cell(df, epoch) for df in values}
     finally:
         for df in owned:

@@ -33,7 +33,7 @@ from iterflow.progress.estimate import (
     estimate_remaining,
 )
 from iterflow.progress.events import EventLog
-from iterflow.records import RoundProgress, RoundSample, Termination
+from iterflow.records import Rollback, RoundProgress, RoundSample, Termination
 from iterflow.runtime.jvm import spark_context
 from iterflow.runtime.resident import Residency
 from iterflow.runtime.round_sampler import RoundSampler
@@ -149,6 +149,8 @@ class RunObservers:
         self._log_every_s = options.event_log_progress_s
         self._logged_at: float | None = None
         self._sample_failed = False
+        #: The rollback the next completed round follows, if any.
+        self._rollback: Rollback | None = None
         self._sampler = RoundSampler(spark, self.run_id, options.progress_interval_s, self._sampled)
 
     @property
@@ -277,8 +279,10 @@ class RunObservers:
         )
         if progress.criteria_empty:
             estimate = Estimate(rounds_remaining=0, eta_s=0.0)  # the run ends with this round
+        rollback, self._rollback = self._rollback, None
         return attrs.evolve(
             progress,
+            rollback=rollback,
             metrics=self.metrics.round_values(progress.epoch),
             rounds_remaining_estimate=estimate.rounds_remaining,
             eta_s=estimate.eta_s,
@@ -300,15 +304,18 @@ class RunObservers:
         self._bar.round_end(progress, max_rounds=max_rounds_of(conditions))
         self._pusher.round_ended(progress)
 
-    def rolled_back(self, epoch: int) -> None:
-        """The run continues after the durable checkpoint of ``epoch``: the rounds after it
-        count as attempted only, and the bar goes back."""
+    def rolled_back(self, rollback: Rollback) -> None:
+        """The run continues after the durable checkpoint of ``rollback.to_epoch``: the
+        rounds after it count as attempted only, the bar goes back, and the next round's
+        progress carries ``rollback``."""
+        epoch = rollback.to_epoch
         self.metrics.roll_back(epoch + 1)
         self._bar.resume(epoch + 1)
         self._pusher.rolled_back(epoch)
+        self._rollback = rollback
         if self._log is not None:
             self.flush_start()
-            self._log.rolled_back(run_id=self.run_id, to_epoch=epoch)
+            self._log.rolled_back(run_id=self.run_id, rollback=rollback)
 
     def round_completed(self, epoch: int) -> None:
         self.metrics.complete_round(epoch)
