@@ -5,10 +5,12 @@ process."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
 import tempfile
+import time
 import warnings
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -181,6 +183,59 @@ def estimator(spark: SparkSession, rng: np.random.Generator) -> dict:  # type: i
     }
 
 
+def released(spark: SparkSession, rounds: int = 30) -> dict:  # type: ignore[type-arg]
+    """A run of ``rounds`` rounds whose variable is checkpointed on the server: how many
+    checkpoints the client still refers to after each round, and how many RDDs the
+    server still stores once its JVM collected garbage. The server's plan cache (which
+    keeps the plans of the last 16 commands, and their checkpoints with them) is off, so
+    what is left is what iterflow holds."""
+    from pyspark import SparkContext
+    from pyspark.sql.connect.plan import CachedRemoteRelation
+
+    server = SparkContext._active_spark_context  # the in-process server's classic context
+    assert server is not None
+
+    def stored() -> list[int]:
+        """RDDs the server stores, after each of up to 20 collections until none is left
+        that its cleaner frees (what the JVM's GC found unreachable)."""
+        counts = [len(server._jsc.sc().getRDDStorageInfo())]
+        for _ in range(20):
+            server._jvm.System.gc()
+            time.sleep(0.25)
+            counts.append(len(server._jsc.sc().getRDDStorageInfo()))
+            if len(counts) >= 3 and counts[-1] == counts[-2] == counts[-3]:
+                break
+        return counts
+
+    spark.conf.set("spark.connect.session.planCache.enabled", "false")
+    before = stored()
+    referred: list[int] = []
+
+    def count(end: itf.RoundEnd) -> None:
+        gc.collect()
+        referred.append(sum(isinstance(o, CachedRemoteRelation) for o in gc.get_objects()))
+
+    @itf.body
+    def step(x: DataFrame) -> itf.Declaration:
+        following = x.select("i", (F.col("v") * 0.5 + 1).alias("v"))
+        return itf.Declaration(feedback={"x": following}, outputs={"x": following})
+
+    start = spark.range(3000).select(F.col("id").alias("i"), F.lit(1.0).alias("v"))
+    result = (
+        itf.BoundedIteration(step)
+        .bind("x", start)
+        .until(itf.max_rounds(rounds))
+        .listen(count)
+        .run(progress=False)
+    )
+    result.release()
+    del result
+    gc.collect()
+    after = stored()
+    spark.conf.unset("spark.connect.session.planCache.enabled")
+    return {"referred": referred, "before": before, "after": after}
+
+
 def main() -> None:
     # PySpark's in-process Connect server: it listens on port 15002, where its client
     # connects (the test checks first that no other server holds the port).
@@ -226,6 +281,7 @@ def main() -> None:
                 "executor_metric": executor_metric(spark),
                 "graph": graph_arrow(spark),
                 "sampled": sampled(spark),
+                "released": released(spark),
             }
         )
     )

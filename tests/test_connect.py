@@ -51,6 +51,16 @@ def test_a_bounded_iteration_runs_as_on_a_classic_session(
     assert run["rounds_seen"] == 7  # a metric updated on the driver, from a listener
 
 
+def test_released_rounds_leave_the_client_and_the_server(connect_run: dict[str, Any]) -> None:
+    # The client drops each round's checkpoint when the next round has its own (PySpark
+    # caches DataFrames that isLocal()/isEmpty() were asked about: iterflow must not ask
+    # through that cache), so the server frees the blocks during the run.
+    released = connect_run["released"]
+    referred, before, after = released["referred"], released["before"], released["after"]
+    assert len(referred) == 30 and max(referred) <= 3, referred
+    assert after[-1] <= before[-1], (before, after)  # 30 more before iterflow let them go
+
+
 def test_criteria_and_ml(connect_run: dict[str, Any]) -> None:
     assert connect_run["criteria"] == {"rounds": 5, "reason": "criteria_empty"}
     rng = np.random.default_rng(5)
