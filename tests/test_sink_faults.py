@@ -345,9 +345,8 @@ def test_an_endpoint_taking_10_s_per_request_with_the_default_timeout() -> None:
         pusher.start()
         slowest_round = run_rounds(pusher, 30, gap_s=0.25)
         stop_s, warned = stop_warning(pusher)
-        answered = server.answered
 
-    assert answered == 0
+    assert server.received >= 2
     assert slowest_round < 1.0
     assert stop_s < 2 * sink.timeout_s + MARGIN_S
     [message] = warned

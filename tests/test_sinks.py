@@ -516,3 +516,23 @@ def test_pusher_rejects_a_sink_timeout_that_is_not_a_positive_number(timeout_s: 
     sink.timeout_s = timeout_s  # type: ignore[assignment]
     with pytest.raises(IterflowValueError, match="timeout_s of metrics sink 'recording' is "):
         MetricsPusher(SnapshotSource(), [(sink, 1.0)])
+
+
+def test_a_sink_that_recovers_names_the_rounds_its_failed_pushes_carried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="iterflow.metrics")
+    flaky = FlakySink(failures=2)
+    pusher = MetricsPusher(SnapshotSource(), [(flaky, 0.05)])
+    for epoch in range(3):
+        pusher.round_ended(ended(epoch))
+    pusher.start()  # the first push carries rounds 0-2 and fails, so does the second
+    wait_until(lambda: len(flaky.snapshots) >= 1)
+    pusher.round_ended(ended(3))
+    pusher.stop()
+
+    assert [p.epoch for s in flaky.snapshots for p in s.rounds] == [3]
+    assert caplog.records[-1].getMessage() == (
+        "metrics sink 'flaky' recovered after 2 failed push(es); "
+        "the rounds of epochs 0-2 did not reach it"
+    )
