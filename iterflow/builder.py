@@ -13,7 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from iterflow.body import IterationBody, body
 from iterflow.errors import IterflowTypeError, IterflowValueError
-from iterflow.metrics.pusher import validate_interval
+from iterflow.metrics.pusher import validate_timing
 from iterflow.metrics.sinks import MetricsSink
 from iterflow.progress.listeners import ListenerSet
 from iterflow.runtime.checkpoint import Checkpointing, CheckpointOptions, fingerprint
@@ -101,15 +101,18 @@ class IterationBuilder:
     def push_metrics(self: Builder, sink: MetricsSink, *, every_s: float = 5.0) -> Builder:
         """Push the run's metrics to ``sink`` every ``every_s`` seconds, and once at the end.
 
-        The final push completes before the run ends. A failing sink logs a
-        warning and never fails or stalls the iteration.
+        The final push completes before the run ends, or is given up after the
+        sink's ``timeout_s`` (twice that if a push was still under way), with an
+        ``IterflowWarning`` saying what the sink missed. A failing sink logs a
+        warning and never fails or stalls the iteration: pushes run on threads of
+        their own, and no round waits for one.
         """
         if not isinstance(sink, MetricsSink):
             raise IterflowTypeError(
                 "push_metrics() takes a sink such as itf.metrics.JsonLinesSink(path), "
                 f"got {type(sink).__name__}"
             )
-        self._sinks.append((sink, validate_interval(sink, every_s)))
+        self._sinks.append((sink, validate_timing(sink, every_s)))
         return self
 
     def _bound_inputs(

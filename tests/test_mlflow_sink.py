@@ -154,12 +154,18 @@ def test_a_refused_tracking_server_neither_fails_nor_stalls_the_run(
         .push_metrics(sink, every_s=60)
     )
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="iterflow.metrics"):
+    with (
+        caplog.at_level(logging.WARNING, logger="iterflow.metrics"),
+        pytest.warns(itf.IterflowWarning, match="did not receive the final push") as warned,
+    ):
         result = it.run(progress=False)
     # MLflow retries a refused connection for minutes; the run waits one timeout_s.
     assert time.monotonic() - started < 30
     assert result.rounds == 2
     assert f"metrics sink 'mlflow http://127.0.0.1:{port}' failed" in caplog.text
+    [final] = [str(w.message) for w in warned if "final push" in str(w.message)]
+    assert final.startswith(f"metrics sink 'mlflow http://127.0.0.1:{port}'")
+    assert "the rounds of epochs 0-1 did not reach it" in final
 
 
 def test_without_the_extra_the_sink_names_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -153,16 +153,24 @@ def test_a_sink_on_a_closed_port_warns_and_the_iteration_finishes(
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     caplog.set_level(logging.WARNING, logger="iterflow.metrics")
-    result = (
-        itf.BoundedIteration(counting_body("e"))
-        .bind("v", countdown(spark, 3))
-        .push_metrics(itf.metrics.HttpJsonSink(f"http://127.0.0.1:{port}/m"), every_s=0.05)
-        .push_metrics(itf.metrics.GraphiteSink("127.0.0.1", port), every_s=0.05)
-        .run()
-    )
+    with pytest.warns(itf.IterflowWarning, match="did not receive the final push") as final:
+        result = (
+            itf.BoundedIteration(counting_body("e"))
+            .bind("v", countdown(spark, 3))
+            .push_metrics(itf.metrics.HttpJsonSink(f"http://127.0.0.1:{port}/m"), every_s=0.05)
+            .push_metrics(itf.metrics.GraphiteSink("127.0.0.1", port), every_s=0.05)
+            .run()
+        )
     assert result.termination.reason == "feedback_empty"
     warned = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
     assert f"http-json http://127.0.0.1:{port}/m" in warned and "graphite" in warned
+    # The end of the run names each sink that missed the final push, and what it missed.
+    missed = [str(w.message) for w in final if "final push" in str(w.message)]
+    assert [m.split("'")[1] for m in missed] == [
+        f"http-json http://127.0.0.1:{port}/m",
+        f"graphite 127.0.0.1:{port}",
+    ]
+    assert all(f"epochs 0-{result.rounds - 1}" in m and "'e.calls'" in m for m in missed)
 
 
 def test_creating_a_metric_inside_a_task_is_an_error(spark: SparkSession) -> None:

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from iterflow.errors import IterflowValueError
+from iterflow.errors import IterflowValueError, IterflowWarning
 from iterflow.metrics.pusher import MetricsPusher
 from iterflow.metrics.sinks import (
     GraphiteSink,
@@ -451,7 +451,8 @@ def test_a_refused_sink_warns_once_and_others_get_every_push(
     pusher = MetricsPusher(source, [(refused, 0.05), (healthy, 0.05)])
     pusher.start()
     wait_until(lambda: len(healthy.snapshots) >= 3)
-    pusher.stop()
+    with pytest.warns(IterflowWarning) as warned:
+        pusher.stop()
 
     # Both sinks are due at the same ticks, so each snapshot went to both.
     assert [s.epoch for s in healthy.snapshots] == list(range(1, source.taken + 1))
@@ -460,7 +461,10 @@ def test_a_refused_sink_warns_once_and_others_get_every_push(
     first_failures = [m for m in messages if "failed: ConnectionRefusedError" in m]
     assert len(first_failures) == 1
     assert refused.name in first_failures[0]
-    assert any("still failing when the run ended" in m for m in messages)
+    # The end of the run warns once, for the refused sink only.
+    [final] = [str(w.message) for w in warned]
+    assert final.startswith(f"metrics sink '{refused.name}' did not receive the final push")
+    assert "ConnectionRefusedError" in final and "in a row failed" in final
 
 
 def test_a_sink_that_recovers_is_logged_once_failing_and_once_recovered(
@@ -490,7 +494,8 @@ def test_a_hanging_sink_is_bounded_by_its_timeout(
     pusher = MetricsPusher(SnapshotSource(), [(hanging, 0.05), (healthy, 0.05)])
     pusher.start()
     wait_until(lambda: len(healthy.snapshots) >= 2)
-    pusher.stop()
+    with pytest.warns(IterflowWarning, match=f"'{hanging.name}' did not receive the final push"):
+        pusher.stop()
 
     assert healthy.snapshots[-1].final
     assert any(
@@ -503,3 +508,31 @@ def test_a_hanging_sink_is_bounded_by_its_timeout(
 def test_pusher_rejects_an_interval_that_is_not_a_positive_number(every_s: float) -> None:
     with pytest.raises(IterflowValueError, match=rf"'recording' is {every_s!r}"):
         MetricsPusher(SnapshotSource(), [(RecordingSink(), every_s)])
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1.0, float("nan"), None, "5"])
+def test_pusher_rejects_a_sink_timeout_that_is_not_a_positive_number(timeout_s: object) -> None:
+    sink = RecordingSink()
+    sink.timeout_s = timeout_s  # type: ignore[assignment]
+    with pytest.raises(IterflowValueError, match="timeout_s of metrics sink 'recording' is "):
+        MetricsPusher(SnapshotSource(), [(sink, 1.0)])
+
+
+def test_a_sink_that_recovers_names_the_rounds_its_failed_pushes_carried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="iterflow.metrics")
+    flaky = FlakySink(failures=2)
+    pusher = MetricsPusher(SnapshotSource(), [(flaky, 0.05)])
+    for epoch in range(3):
+        pusher.round_ended(ended(epoch))
+    pusher.start()  # the first push carries rounds 0-2 and fails, so does the second
+    wait_until(lambda: len(flaky.snapshots) >= 1)
+    pusher.round_ended(ended(3))
+    pusher.stop()
+
+    assert [p.epoch for s in flaky.snapshots for p in s.rounds] == [3]
+    assert caplog.records[-1].getMessage() == (
+        "metrics sink 'flaky' recovered after 2 failed push(es); "
+        "the rounds of epochs 0-2 did not reach it"
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import json
+import logging
 import re
 import socket
 import threading
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric
 
+logger = logging.getLogger("iterflow.metrics")
+
 #: The two totals every metric has, in the order sinks report them.
 STATES = ("committed", "attempted")
 
@@ -30,11 +33,16 @@ class MetricsSink(abc.ABC):
     """Receives the snapshots of a run, periodically and once more when it ends.
 
     ``push`` may raise (server down, timeout): the pusher logs a warning naming
-    ``name`` and carries on. Subclass it to send metrics anywhere else.
+    ``name`` and carries on. It runs on a thread of its own, and the pusher waits
+    for it at most ``timeout_s`` seconds (then counts it as failed while it goes
+    on). Subclass it to send metrics anywhere else.
     """
 
     #: Says which sink failed in warnings, e.g. ``"graphite metrics.local:2003"``.
     name: str
+    #: Seconds the pusher waits for one push; a run's end waits at most twice that
+    #: (a push under way, then the final one).
+    timeout_s: float = 5.0
 
     @abc.abstractmethod
     def push(self, snapshot: MetricsSnapshot) -> None:
@@ -69,6 +77,9 @@ class JsonLinesSink(MetricsSink):
 
 class HttpJsonSink(MetricsSink):
     """POSTs each snapshot as JSON to ``url``; a status other than 2xx raises.
+
+    ``timeout_s`` bounds connecting and each wait for the server's answer; the pusher
+    bounds the whole push by it too.
 
     >>> sink = HttpJsonSink("http://collector:8080/iterflow", timeout_s=2.0)  # doctest: +SKIP
     """
@@ -108,6 +119,10 @@ class GraphiteSink(MetricsSink):
 
     Paths are ``<prefix>.<iteration>.<metric>.<committed|attempted>``, with
     ``.count``, ``.sum``, ``.min``, ``.max``, ``.mean`` appended for distributions.
+    Each push is one connection: the lines, then end of input, then the server's
+    close of the connection, awaited at most a second (or half ``timeout_s``). The
+    protocol has no acknowledgement, but a server that closes the connection before
+    it read every line resets it, and the push raises instead of losing them silently.
 
     >>> sink = GraphiteSink("graphite.local", 2003, prefix="jobs.iterflow")  # doctest: +SKIP
     """
@@ -122,9 +137,31 @@ class GraphiteSink(MetricsSink):
         self.name = f"graphite {host}:{port}"
 
     def push(self, snapshot: MetricsSnapshot) -> None:
-        payload = "".join(graphite_lines(snapshot, self.prefix)).encode("utf-8")
+        lines = list(graphite_lines(snapshot, self.prefix))
         with socket.create_connection((self.host, self.port), timeout=self.timeout_s) as conn:
-            conn.sendall(payload)
+            sent = False
+            try:
+                conn.sendall("".join(lines).encode("utf-8"))
+                sent = True
+                # Carbon closes once it read the end of input; a server that closed
+                # before reading every line has reset the connection by then.
+                conn.shutdown(socket.SHUT_WR)
+                conn.settimeout(min(self.timeout_s / 2, CLOSE_WAIT_S))
+                while conn.recv(4096):
+                    pass
+            except TimeoutError:
+                if not sent:
+                    raise
+                # The server keeps the connection open: the lines went out all the same.
+            except OSError as error:
+                raise ConnectionResetError(
+                    f"the server closed the connection before reading all {len(lines)} "
+                    f"lines ({error})"
+                ) from error
+
+
+#: Seconds at most that ``GraphiteSink`` waits for the server to close the connection.
+CLOSE_WAIT_S = 1.0
 
 
 def graphite_lines(snapshot: MetricsSnapshot, prefix: str) -> Iterator[str]:
@@ -156,7 +193,15 @@ class PrometheusSink(MetricsSink):
     serves ``registry`` on ``addr:port`` until closed (0 picks a free port, see
     ``sink.port``); without, mount ``sink.registry`` in a server of your own.
 
+    ``addr`` is the loopback interface, ``127.0.0.1``, unless told otherwise: only
+    processes on the same machine can scrape it. Give ``addr="0.0.0.0"`` (``"::"``
+    for IPv6) to serve every interface, for a Prometheus server on another machine.
+    ``sink.url`` (also in ``name`` and logged at INFO on ``iterflow.metrics``)
+    says where the metrics are served.
+
     >>> sink = PrometheusSink(9464)  # doctest: +SKIP
+    >>> sink.url  # doctest: +SKIP
+    'http://127.0.0.1:9464/metrics'
     """
 
     def __init__(
@@ -179,13 +224,19 @@ class PrometheusSink(MetricsSink):
         self._lock = threading.Lock()
         self._server: Any = None
         self._server_thread: threading.Thread | None = None
+        self.addr = addr
         self.port = port
+        #: Where the metrics are served, None without ``port``.
+        self.url: str | None = None
         if port is not None:
             self._server, self._server_thread = prometheus_client.start_http_server(
                 port, addr=addr, registry=self.registry
             )
-            self.port = self._server.server_port
-        self.name = f"prometheus {addr}:{self.port}" if port is not None else "prometheus"
+            self.addr, self.port = self._server.server_address[:2]
+            host = f"[{self.addr}]" if ":" in self.addr else self.addr
+            self.url = f"http://{host}:{self.port}/metrics"
+            logger.info("PrometheusSink serves the metrics at %s", self.url)
+        self.name = f"prometheus {self.addr}:{self.port}" if port is not None else "prometheus"
         # The registry calls collect() on each scrape.
         self.registry.register(self)
 
