@@ -43,7 +43,8 @@ BLOCK = re.compile(r"^rdd_\d+_\d+$")
 
 
 def bounded_runs(tmp_path_factory: pytest.TempPathFactory, *cases: str) -> dict[str, Any]:
-    return run_job(BOUNDED_JOB, CLUSTER, str(tmp_path_factory.mktemp("faults")), *cases)
+    folder = str(tmp_path_factory.mktemp("faults"))
+    return run_job(BOUNDED_JOB, CLUSTER, folder, *cases, timeout=600 * len(cases))
 
 
 @pytest.fixture(scope="module")
@@ -117,28 +118,37 @@ def test_without_checkpoint_dir_the_error_names_the_lost_blocks_and_executors(
     assert "Run with checkpoint_dir=" in error
 
 
-@pytest.fixture(scope="module")
-def others(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return bounded_runs(
-        tmp_path_factory,
-        "kernel:none",
-        "kernel:executor-mid",
-        "kernel:task",
-        "kernel:executor",
+#: The slow cases, a job (one local cluster) per group.
+SLOW_CASES = {
+    "kernel": ("kernel:none", "kernel:executor-mid", "kernel:task", "kernel:executor"),
+    "pagerank": (
         "pagerank-arrow:none",
         "pagerank-arrow:executors",
         "pagerank-dataframe:none",
         "pagerank-dataframe:executors",
-        "kmeans:none",
-        "kmeans:executors",
-        "pregel:none",
-        "pregel:executors:3",
-    )
+    ),
+    "ml-pregel": ("kmeans:none", "kmeans:executors", "pregel:none", "pregel:executors:3"),
+}
+
+
+@pytest.fixture(scope="module")
+def others(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The slow cases' runs by case, each group's job run when a test first needs it."""
+    done: dict[str, Any] = {}
+
+    class Runs:
+        def __getitem__(self, case: str) -> Any:
+            group = next(g for g, cases in SLOW_CASES.items() if case in cases)
+            if group not in done:
+                done[group] = bounded_runs(tmp_path_factory, *SLOW_CASES[group])
+            return done[group][case]
+
+    return Runs()
 
 
 @pytest.mark.slow_spark
 def test_an_executor_killed_by_its_own_task_mid_round_is_recomputed_without_rollback(
-    others: dict[str, Any],
+    others: Any,
 ) -> None:
     # The round's previous-round input is broadcast before the kernel's stage runs, so
     # what the executor held then (cached edges, shuffle outputs) is all recomputable.
@@ -150,7 +160,7 @@ def test_an_executor_killed_by_its_own_task_mid_round_is_recomputed_without_roll
 
 
 @pytest.mark.slow_spark
-def test_a_task_failing_once_is_retried_and_counted_once(others: dict[str, Any]) -> None:
+def test_a_task_failing_once_is_retried_and_counted_once(others: Any) -> None:
     failed = others["kernel:task"]
     assert failed["fault_ran"]
     same_values(failed, others["kernel:none"])
@@ -159,7 +169,7 @@ def test_a_task_failing_once_is_retried_and_counted_once(others: dict[str, Any])
 
 @pytest.mark.slow_spark
 def test_one_executor_killed_between_rounds_ends_as_an_uninterrupted_run(
-    others: dict[str, Any],
+    others: Any,
 ) -> None:
     killed = others["kernel:executor"]
     assert killed["fault_ran"] and len(killed["killed"]) == 1
@@ -172,7 +182,7 @@ def test_one_executor_killed_between_rounds_ends_as_an_uninterrupted_run(
 
 
 @pytest.mark.slow_spark
-def test_pagerank_on_the_dataframe_path_rolls_back(others: dict[str, Any]) -> None:
+def test_pagerank_on_the_dataframe_path_rolls_back(others: Any) -> None:
     killed = others["pagerank-dataframe:executors"]
     same_values(killed, others["pagerank-dataframe:none"])
     check_rollback(killed, FAULT_EPOCH + 1, DURABLE_BEFORE)
@@ -181,7 +191,7 @@ def test_pagerank_on_the_dataframe_path_rolls_back(others: dict[str, Any]) -> No
 @pytest.mark.slow_spark
 @pytest.mark.parametrize("workload", ["pagerank-arrow", "kmeans"])
 def test_resident_rounds_recompute_lost_executors_without_rollback(
-    others: dict[str, Any], workload: str
+    others: Any, workload: str
 ) -> None:
     # Their variable is held on the driver and their data resident in Python workers or
     # read from columnar files: an executor's loss costs a relaunch, never a rollback.
@@ -193,7 +203,7 @@ def test_resident_rounds_recompute_lost_executors_without_rollback(
 
 
 @pytest.mark.slow_spark
-def test_a_pregel_job_rolls_back_and_still_equals_networkx(others: dict[str, Any]) -> None:
+def test_a_pregel_job_rolls_back_and_still_equals_networkx(others: Any) -> None:
     killed, uninterrupted = others["pregel:executors:3"], others["pregel:none"]
     same_values(killed, uninterrupted, rtol=0)
     check_rollback(killed, 4, 2)
