@@ -18,6 +18,7 @@ from iterflow.metrics.sinks import MetricsSink
 from iterflow.progress.listeners import ListenerSet
 from iterflow.runtime.checkpoint import Checkpointing, CheckpointOptions, fingerprint
 from iterflow.runtime.run_observers import ObserverOptions, RunObservers
+from iterflow.runtime.schema import repeated_columns
 from iterflow.runtime.session import session_of
 from iterflow.runtime.sinks import Sink, sink_of
 from iterflow.termination import Condition
@@ -133,6 +134,16 @@ class IterationBuilder:
             name: frames[name] if name in frames else _to_dataframe(active, name, b.data)
             for name, b in self._bindings.items()
         }
+        case_sensitive = str(active.conf.get("spark.sql.caseSensitive", "false")).lower() == "true"
+        for name, df in inputs.items():
+            repeated = repeated_columns(df.columns, case_sensitive)
+            if repeated:
+                raise IterflowValueError(
+                    f"bind('{name}', ...): input '{name}' has more than one column named "
+                    + " and ".join(f"'{c}'" for c in repeated)
+                    + f" (its columns are {df.columns}), so no column of that name can be "
+                    "read; rename or drop the copies (a join on a list of names keeps one)"
+                )
         return active, {name: inputs[name] for name in self._input_names}
 
     def _assemble(

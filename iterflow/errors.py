@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import warnings
+from collections.abc import Iterator
 
 
 class IterflowError(Exception):
@@ -73,6 +75,27 @@ class RoundError(IterflowError):
         self.epoch = epoch
         self.stage = stage
         self.epoch_path = path or (epoch,)
+
+
+@contextlib.contextmanager
+def raised_again(kind: type[IterflowError]) -> Iterator[None]:
+    """Re-raise as ``kind`` an error of that kind that was raised where the rows are read
+    (a Python worker, a CombineFn) and reached the driver wrapped in an ``IterflowError``
+    (a ``RoundError`` around Spark's error): its message, which names the input and
+    column, stays; the wrapper is chained as ``__cause__``."""
+    try:
+        yield
+    except kind:
+        raise
+    except IterflowError as error:
+        said = re.compile(rf"(?:^|[\s:])(?:[\w.]*\.)?{kind.__name__}: (.+)$")
+        cause: BaseException | None = error
+        while cause is not None:
+            found = [m.group(1) for m in map(said.search, str(cause).splitlines()) if m]
+            if found:
+                raise kind(found[-1].strip()) from error
+            cause = cause.__cause__ or cause.__context__
+        raise
 
 
 class IterflowWarning(UserWarning):

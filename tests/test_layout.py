@@ -108,6 +108,8 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     "(RDD.takeSample) where the session is classic",
     ("iterflow.ml.model", "iterflow.errors"): "reads the error a worker raised as RoundError "
     "messages do",
+    ("iterflow.graph.pagerank", "iterflow.errors"): "raises the GraphError a worker raised again",
+    ("iterflow.graph.components", "iterflow.errors"): "raises the GraphError a worker raised again",
 }
 
 #: Modules that import no Spark: the leaves (the metrics' Spark bridge aside).

@@ -22,7 +22,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.graph.model import GraphError, as_graph, nested
+from iterflow.graph.model import GraphError, as_graph, checked, nested
 
 
 @itf.body
@@ -101,6 +101,7 @@ def bfs(
     g = as_graph(graph)
     if max_path_length < 0:
         raise GraphError(f"bfs(max_path_length={max_path_length}) must be >= 0")
+    checked(g, "bfs()", edges=False)  # an edge to a missing vertex is no step of a path
     vertices, spark = g.vertices, g.vertices.sparkSession
     starts = _where(vertices, from_expr, "from_expr")
     targets = _where(vertices, to_expr, "to_expr")

@@ -39,7 +39,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.graph.model import as_graph, graph_result
+from iterflow.errors import raised_again
+from iterflow.graph.model import GraphError, as_graph, graph_result, with_column
 from iterflow.graph.vectors import (
     cell_values,
     choose_method,
@@ -242,9 +243,10 @@ def connected_components(
         components = connected_components(Graph(vertices, edges))
     """
     g = as_graph(graph)
-    if choose_method("connected_components", method, g) == "arrow":
-        components = _vector_components(g, max_rounds, listen, run_options)
-        return graph_result(graph, g.vertices.join(components, "id"))
+    if choose_method("connected_components", method, g)[0] == "arrow":
+        with raised_again(GraphError):  # an edge to no vertex, found by a worker
+            components = _vector_components(g, max_rounds, listen, run_options)
+        return graph_result(graph, with_column(g.vertices, components, "component"))
     ends = g.edges.where(F.col("src") != F.col("dst"))
     iteration = (
         itf.BoundedIteration(hook_and_jump)
@@ -265,7 +267,7 @@ def connected_components(
     labels = iteration.run(**{"progress_from": "messages", **run_options}).outputs["labels"]
     smallest = labels.groupBy("label").agg(F.min("id").alias("component"))
     components = labels.join(smallest, "label").select("id", "component")
-    return graph_result(graph, g.vertices.join(components, "id"))
+    return graph_result(graph, with_column(g.vertices, components, "component"))
 
 
 def _vector_components(

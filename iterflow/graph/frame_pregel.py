@@ -22,7 +22,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.graph.model import GraphError, nested
+from iterflow.graph.model import GraphError, checked, nested
 from iterflow.graph.pregel import _DST, _EDGE, _MSG, _SRC, Pregel, _sent_nothing
 
 #: The active flag and message columns under GraphFrames' names.
@@ -157,6 +157,7 @@ class PregelBuilder:
             raise GraphError(
                 f"pregel.setCheckpointInterval({self._checkpoint_interval}): must be >= 0"
             )
+        checked(self.graph, "pregel.run()")
         vertices = self.graph.vertices.select(
             "*",
             *(initial.alias(name) for name, initial, _ in self._columns),

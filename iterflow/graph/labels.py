@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 
 import iterflow as itf
 from iterflow.graph.components import undirected_edges
-from iterflow.graph.model import as_graph, graph_result
+from iterflow.graph.model import as_graph, checked, graph_result, with_column
 
 
 @itf.body
@@ -55,6 +55,7 @@ def label_propagation(
         label_propagation(Graph(vertices, edges), max_rounds=10)
     """
     g = as_graph(graph)
+    checked(g, "label_propagation()")
     iteration = (
         itf.BoundedIteration(adopt_majority_label)
         .bind("labels", g.vertices.select("id", F.col("id").alias("label")))
@@ -63,6 +64,5 @@ def label_propagation(
     )
     if listen is not None:
         iteration = iteration.listen(listen)
-    return graph_result(
-        graph, g.vertices.join(iteration.run(**run_options).outputs["labels"], "id")
-    )
+    labels = iteration.run(**run_options).outputs["labels"]
+    return graph_result(graph, with_column(g.vertices, labels, "label"))

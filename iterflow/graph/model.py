@@ -64,6 +64,60 @@ class Graph:
             )
 
 
+def checked(g: Graph, who: str, *, edges: bool = True) -> int:
+    """The number of vertices of ``g``, counted in one Spark job that also checks the ids:
+    a null or repeated vertex ``id`` is a ``GraphError``. With ``edges``, one more job
+    checks that every edge's ``src`` and ``dst`` is a vertex id (not null, not missing).
+    ``who`` names the caller in errors."""
+    row = g.vertices.agg(
+        F.count(F.lit(1)).alias("n"), F.count("id").alias("ids"), F.count_distinct("id")
+    ).first()
+    assert row is not None  # an aggregate without grouping has one row
+    n, ids, distinct = int(row[0]), int(row[1]), int(row[2])
+    if ids < n:
+        raise GraphError(
+            f"{who}: {n - ids} vertex row(s) have a null 'id'; every vertex needs an id "
+            "(drop them with vertices.where('id IS NOT NULL'))"
+        )
+    if distinct < ids:
+        repeated = g.vertices.groupBy("id").count().where("count > 1").limit(3).collect()
+        raise GraphError(
+            f"{who}: vertex ids must be unique, and the vertices' 'id' column holds "
+            f"{[r['id'] for r in repeated]} more than once; keep one row per id "
+            "(vertices.dropDuplicates(['id']))"
+        )
+    if edges:
+        check_edge_ends(g, who)
+    return n
+
+
+def check_edge_ends(g: Graph, who: str) -> None:
+    """A ``GraphError`` naming the column when an edge's ``src`` or ``dst`` is null or no
+    vertex's id (one Spark job)."""
+    ends = g.edges.select(F.lit("src").alias("end"), F.col("src").alias("id")).unionByName(
+        g.edges.select(F.lit("dst").alias("end"), F.col("dst").alias("id"))
+    )
+    strays = ends.join(g.vertices.select("id"), "id", "left_anti").limit(3).collect()
+    if strays:
+        raise GraphError(stray_ends(who, [(r["end"], r["id"]) for r in strays]))
+
+
+def stray_ends(who: str, strays: list[tuple[str, Any]]) -> str:
+    """What a ``GraphError`` says of edges whose ends are null or not vertex ids."""
+    described = ", ".join(f"'{end}' {value!r}" for end, value in strays)
+    return (
+        f"{who}: edges must join vertices, and some edges' ends are null or not a vertex "
+        f"'id' ({described}); add those vertices or drop those edges "
+        "(edges.join(vertices, edges.src == vertices.id, 'left_semi'), and so for dst)"
+    )
+
+
+def with_column(vertices: DataFrame, result: DataFrame, name: str) -> DataFrame:
+    """``vertices`` joined on ``id`` with ``result`` (``id`` and column ``name``): a vertex
+    column already called ``name`` (an earlier run's) is replaced, not repeated."""
+    return vertices.drop(name).join(result, "id")
+
+
 def nested(df: DataFrame, name: str) -> Column:
     """All of ``df``'s columns as one struct column ``name`` (a vertex or edge row, as
     GraphFrames nests them in triplets and paths)."""

@@ -34,7 +34,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.graph.model import GraphError, as_graph, graph_result
+from iterflow.errors import raised_again
+from iterflow.graph.model import GraphError, as_graph, graph_result, with_column
 from iterflow.graph.vectors import (
     cell_values,
     choose_method,
@@ -317,11 +318,11 @@ def pagerank(
         raise GraphError(f"pagerank(normalization={normalization!r}): use 'networkx' or 'graphx'")
     graphx = normalization == "graphx"
     spark = g.vertices.sparkSession
-    method = choose_method("pagerank", method, g)
+    method, n = choose_method("pagerank", method, g)
+    if n == 0:
+        raise GraphError("pagerank() needs at least one vertex; the vertices are empty")
     if method == "arrow":
         ids = vertex_ids(g)
-        if len(ids) == 0:
-            raise GraphError("pagerank() needs at least one vertex")
         teleport = _teleport(ids, personalization)
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 8)
         start = spark.createDataFrame(
@@ -337,7 +338,6 @@ def pagerank(
     else:
         edges = g.edges.select("src", "dst")
         edges = edges if graphx else edges.distinct()
-        n = g.vertices.count()
         ranks = initial_ranks(g.vertices, edges)
         if personalization is not None:
             ids = vertex_ids(g)
@@ -353,7 +353,8 @@ def pagerank(
         )
     if listen is not None:
         iteration = iteration.listen(listen)
-    final = iteration.run(**run_options).outputs["ranks"]
+    with raised_again(GraphError):  # an edge to no vertex, found by a worker
+        final = iteration.run(**run_options).outputs["ranks"]
     if method == "arrow":
         vector = cell_values(final.toArrow().column("rank"))
         final = spark.createDataFrame(pa.table({"id": ids, "rank": vector}))
@@ -361,8 +362,7 @@ def pagerank(
         # GraphX rescales once, after its rounds: the rank lost at dangling vertices
         # is given back in proportion to the ranks.
         total = final.agg(F.sum("rank")).collect()[0][0]
-        target = 1.0 if personalization is not None else float(g.vertices.count())
+        target = 1.0 if personalization is not None else float(n)
         final = final.select("id", (F.col("rank") * F.lit(target / total)).alias("rank"))
-    return graph_result(
-        graph, g.vertices.join(final.select("id", F.col("rank").alias("pagerank")), "id")
-    )
+    ranked = final.select("id", F.col("rank").alias("pagerank"))
+    return graph_result(graph, with_column(g.vertices, ranked, "pagerank"))

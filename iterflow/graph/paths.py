@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 import iterflow as itf
-from iterflow.graph.model import GraphError, as_graph, graph_result
+from iterflow.graph.model import GraphError, as_graph, checked, graph_result
 from iterflow.graph.pregel import Pregel, PregelProgram
 
 
@@ -67,6 +67,7 @@ def shortest_paths(
     chosen = list(landmarks)
     if not chosen:
         raise GraphError("shortest_paths(landmarks=...) needs at least one landmark id")
+    checked(g, "shortest_paths()")
     id_type = g.vertices.schema["id"].dataType
     marks = g.vertices.sparkSession.createDataFrame(
         [(m,) for m in chosen], StructType([StructField("landmark", id_type)])
@@ -88,7 +89,9 @@ def shortest_paths(
     )
     return graph_result(
         graph,
-        g.vertices.join(distances, "id", "left").withColumn(
+        g.vertices.drop("distances")
+        .join(distances, "id", "left")
+        .withColumn(
             "distances",
             F.coalesce("distances", F.create_map().cast(distances.schema["distances"].dataType)),
         ),
@@ -124,7 +127,7 @@ def weighted_shortest_paths(
     if not g.vertices.where(F.col("id") == F.lit(source)).take(1):
         raise GraphError(f"weighted_shortest_paths(source={source!r}): no vertex has that id")
     # A shortest path has fewer than n edges: one more round means a negative cycle.
-    bound = g.vertices.count() + 1
+    bound = checked(g, "weighted_shortest_paths()") + 1
     program = PregelProgram(
         init={
             "distance": F.when(F.col("id") == F.lit(source), F.lit(0.0)).otherwise(

@@ -42,7 +42,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.graph.model import Graph, GraphError, as_graph, graph_result
+from iterflow.graph.model import Graph, GraphError, as_graph, checked, graph_result
 
 _MSG = "_pregel_msg"
 _SRC = "_pregel_src_"
@@ -212,7 +212,9 @@ def pregel(
         aggregate=aggregate,
         active=active,
     )
-    result = program.run(as_graph(graph), max_rounds=max_rounds, listen=listen, **run_options)
+    g = as_graph(graph)
+    checked(g, "pregel()")
+    result = program.run(g, max_rounds=max_rounds, listen=listen, **run_options)
     return graph_result(graph, result.outputs["vertices"])
 
 

@@ -31,7 +31,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.graph.model import GraphError, as_graph, graph_result
+from iterflow.graph.model import GraphError, as_graph, checked, graph_result, with_column
 
 #: The status variable: the colors the last round changed (0: split next), the
 #: number of classes, the splits done so far, and 0 once the classes are final.
@@ -147,6 +147,7 @@ def strongly_connected_components(
     g = as_graph(graph)
     if max_splits is not None and max_splits < 1:
         raise GraphError(f"strongly_connected_components(max_splits={max_splits}) must be >= 1")
+    checked(g, "strongly_connected_components()")
     spark = g.vertices.sparkSession
     id_type = g.vertices.schema["id"].dataType
     colors = g.vertices.select(
@@ -168,4 +169,4 @@ def strongly_connected_components(
     final = iteration.run(**run_options).outputs["colors"]
     # After the last split every class holds its smallest id as both colors.
     components = final.select("id", F.col("class.fwd").alias("component"))
-    return graph_result(graph, g.vertices.join(components, "id"))
+    return graph_result(graph, with_column(g.vertices, components, "component"))

@@ -11,20 +11,26 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from iterflow.graph.model import Graph, GraphError
+from iterflow.graph.model import Graph, GraphError, check_edge_ends, checked, stray_ends
 
 #: Above this many vertices ``method="auto"`` keeps vertex state in DataFrame rows.
 VECTOR_LIMIT = 5_000_000
 METHODS = ("auto", "arrow", "dataframe")
 
 
-def choose_method(function: str, method: str, g: Graph) -> str:
-    """``"arrow"`` or ``"dataframe"``: ``"auto"`` picks by the number of vertices."""
+def choose_method(function: str, method: str, g: Graph) -> tuple[str, int]:
+    """``"arrow"`` or ``"dataframe"`` (``"auto"`` picks by the number of vertices), and that
+    number: one Spark job that also checks the vertex ids (``model.checked``). The
+    DataFrame path checks the edges' ends too; the Arrow path checks them where it reads
+    them, in the workers."""
     if method not in METHODS:
         raise GraphError(f"{function}(method={method!r}): use 'auto', 'arrow' or 'dataframe'")
+    n = checked(g, f"{function}()", edges=False)
     if method == "auto":
-        return "arrow" if g.vertices.count() <= VECTOR_LIMIT else "dataframe"
-    return method
+        method = "arrow" if n <= VECTOR_LIMIT else "dataframe"
+    if method == "dataframe":
+        check_edge_ends(g, f"{function}()")
+    return method, n
 
 
 def vertex_ids(g: Graph) -> pa.Array:
@@ -36,9 +42,9 @@ def edge_positions(table: pa.Table, ids: pa.Array) -> tuple[np.ndarray, np.ndarr
     """The positions in ``ids`` of the ``src`` and ``dst`` of ``table``'s edges."""
     src_at, dst_at = (pc.index_in(table[end], value_set=ids) for end in ("src", "dst"))
     if src_at.null_count or dst_at.null_count:
-        strays = pc.filter(table["src"], pc.is_null(src_at)).to_pylist()[:3]
-        strays += pc.filter(table["dst"], pc.is_null(dst_at)).to_pylist()[:3]
-        raise GraphError(f"edges end at ids that are not vertices, e.g. {strays}")
+        strays = [("src", v) for v in pc.filter(table["src"], pc.is_null(src_at)).to_pylist()]
+        strays += [("dst", v) for v in pc.filter(table["dst"], pc.is_null(dst_at)).to_pylist()]
+        raise GraphError(stray_ends("the graph", strays[:3]))
     return (
         src_at.to_numpy(zero_copy_only=False).astype(np.int64),
         dst_at.to_numpy(zero_copy_only=False).astype(np.int64),

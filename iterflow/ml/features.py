@@ -26,6 +26,30 @@ from pyspark.sql.types import ArrayType, NumericType
 from iterflow.ml.model import MLError
 
 KINDS = ("columns", "array", "vector")
+#: The column a fit adds to number every row's partition (mini-batches are drawn per
+#: partition); with the names starting ``__iterflow_`` (iterflow's columnar data), no
+#: feature, label or weight column may take it.
+PARTITION = "__partition"
+RESERVED_PREFIX = "__iterflow_"
+
+
+def named(name: str) -> Column:
+    """The column named ``name``, taken whole: dots and backticks in it are literal."""
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def used_rows(df: DataFrame, columns: Sequence[str | None], who: str) -> DataFrame:
+    """``df`` with only ``columns`` (the features, label and weight; None skipped): the
+    rows a fit holds. A column named as those iterflow adds is an ``MLError``."""
+    names = list(dict.fromkeys(c for c in columns if c is not None))
+    for name in names:
+        if name == PARTITION or name.startswith(RESERVED_PREFIX):
+            raise MLError(
+                f"{who}: column '{name}' has the name of a column iterflow adds to the rows "
+                f"it fits on ('{PARTITION}', names starting with '{RESERVED_PREFIX}'); "
+                "rename it (withColumnRenamed)"
+            )
+    return df.select(*(named(name) for name in names))
 
 
 @attrs.frozen
@@ -46,17 +70,17 @@ class Features:
     def as_array(self) -> Column:
         """A Spark column holding each row's features as ``ARRAY<DOUBLE>``."""
         if self.kind == "vector":
-            return vector_to_array(F.col(self.column))
+            return vector_to_array(named(self.column))
         if self.kind == "array":
-            return F.col(self.column).cast("array<double>")
-        return F.array(*[F.col(c).cast("double") for c in self.columns])
+            return named(self.column).cast("array<double>")
+        return F.array(*[named(c).cast("double") for c in self.columns])
 
     def dot(self, weights: Sequence[float]) -> Column:
         """A Spark column: each row's features dotted with ``weights`` (a SQL expression,
         so that it runs in the JVM, classic or Connect)."""
         if self.kind == "columns":
             terms = [
-                F.col(c).cast("double") * F.lit(float(w))
+                named(c).cast("double") * F.lit(float(w))
                 for c, w in zip(self.columns, weights, strict=True)
             ]
             total: Column = F.lit(0.0)
@@ -92,9 +116,13 @@ def features_of(
         spec = Features((features,), kind, 0 if dims is None else dims)
         if dims is not None:
             return spec
-        first = df.select(F.size(spec.as_array()).alias("d")).where("d >= 0").limit(1).collect()
+        present = df.where(named(features).isNotNull())
+        first = present.select(F.size(spec.as_array()).alias("d")).limit(1).collect()
         if not first:
-            raise MLError(f"{who} needs at least one row with features")
+            raise MLError(
+                f"{who} needs at least one row with features, and feature column "
+                f"'{features}' has none (the DataFrame is empty or every value is null)"
+            )
         return attrs.evolve(spec, dims=int(first[0]["d"]))
     names = list(features)
     if not names:

@@ -40,7 +40,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StructField, StructType
 
 import iterflow as itf
-from iterflow.ml.features import Features, features_of, matrix, weights
+from iterflow.ml.features import Features, features_of, matrix, used_rows, weights
 from iterflow.ml.model import Fitted, MLError, ModelStep, model_field, worker_errors
 from iterflow.ml.params import (
     IterationOptions,
@@ -410,7 +410,10 @@ def kmeans(
         else:  # Spark Connect has no RDDs: a seeded shuffle, then the first rows
             drawn = chosen.orderBy(F.rand(seed)).limit(wanted).collect()
         if not drawn:
-            raise MLError("kmeans() needs at least one point")
+            raise MLError(
+                f"kmeans() needs at least one point, and feature column(s) "
+                f"{list(spec.columns)} have no row (the DataFrame is empty)"
+            )
         if any(r[0] is None or None in r[0] for r in drawn):
             raise MLError(f"feature column(s) {list(spec.columns)}: a row has a null value")
         sample = np.array([r[0] for r in drawn], dtype=np.float64).reshape(-1, spec.dims)
@@ -433,7 +436,7 @@ def kmeans(
     iteration = (
         itf.BoundedIteration(kmeans_body(spec, weight, tol))
         .bind("model", model)
-        .bind("points", df)
+        .bind("points", used_rows(df, [*spec.columns, weight], "kmeans()"))
         .until(itf.max_rounds(max_rounds))
     )
     if listen is not None:

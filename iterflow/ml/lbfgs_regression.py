@@ -37,8 +37,9 @@ from pyspark.sql import functions as F
 
 import iterflow as itf
 from iterflow.ml import lbfgs
-from iterflow.ml.model import ModelStep, model_field, model_row
-from iterflow.ml.regression import PARTITION, loss_sums
+from iterflow.ml.features import PARTITION
+from iterflow.ml.model import MLError, ModelStep, model_field, model_row
+from iterflow.ml.regression import loss_sums, no_rows
 
 if TYPE_CHECKING:
     from iterflow.ml.regression import FitOptions
@@ -244,6 +245,8 @@ class Statistics(ModelStep):
 
     def extract_output(self, acc: tuple[Any, ...]) -> pa.Table:
         weight, squared, positives, mean, squares = acc
+        if not weight > 0:
+            raise MLError(no_rows(self.options.kind))
         denominator = weight - squared / weight if weight > 0 else 0.0
         std = np.sqrt(np.maximum(squares / denominator, 0.0)) if denominator > 0 else mean * 0
         d = self.features

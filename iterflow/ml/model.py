@@ -6,13 +6,12 @@ from __future__ import annotations
 import contextlib
 import pickle
 import warnings
-from collections.abc import Iterator
 from typing import Any, cast
 
 from pyspark.sql import DataFrame
 
 import iterflow as itf
-from iterflow.errors import raised_in
+from iterflow.errors import raised_again
 
 
 class MLError(itf.IterflowError, ValueError):
@@ -99,19 +98,9 @@ class Fitted:
         return list(self.fitted_result.history)
 
 
-@contextlib.contextmanager
-def worker_errors() -> Iterator[None]:
+def worker_errors() -> contextlib.AbstractContextManager[None]:
     """Bad input found where the rows are read (a NaN feature, a negative weight) raises
     an ``MLError`` in a Python worker, which reaches the driver as a ``RoundError``
     wrapping Spark's error: re-raise it here as the ``MLError`` it was, with its message
     (which names the column)."""
-    try:
-        yield
-    except itf.RoundError as error:
-        cause: BaseException | None = error
-        while cause is not None:
-            found = [message for kind, message in raised_in(str(cause)) if kind.endswith("MLError")]
-            if found:
-                raise MLError(found[-1].strip()) from error
-            cause = cause.__cause__ or cause.__context__
-        raise
+    return raised_again(MLError)

@@ -41,15 +41,23 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.ml.features import Features, features_of, linear_score, matrix, numbers, weights
+from iterflow.ml.features import (
+    PARTITION,
+    Features,
+    features_of,
+    linear_score,
+    matrix,
+    numbers,
+    used_rows,
+    weights,
+)
 from iterflow.ml.model import Fitted, MLError, ModelStep, model_field, model_row, worker_errors
 
 MODEL_SCHEMA = "coefficients ARRAY<DOUBLE>, loss DOUBLE, change DOUBLE"
 #: ``solver=``: gradient descent, or L-BFGS (OWL-QN with an L1 part) as Spark MLlib runs it.
 SOLVERS = ("gd", "lbfgs")
-#: The column that brings every row's partition to ``prepare``: a partition's mini-batch
-#: is drawn from a stream seeded by (seed, epoch, partition), the same on every path.
-PARTITION = "__partition"
+# ``PARTITION`` (features.py) brings every row's partition to ``prepare``: a partition's
+# mini-batch is drawn from a stream seeded by (seed, epoch, partition), the same on every path.
 
 
 def design(
@@ -148,6 +156,8 @@ class GradientStep(ModelStep):
 
     def extract_output(self, acc: tuple[Any, ...]) -> pa.Table:
         gradient, loss, weight, _ = acc
+        if not weight > 0:
+            raise MLError(no_rows(self.kind, self.fraction))
         coefficients, reg = self.coefficients, self.reg
         penalty = np.append(coefficients[:-1], 0.0)  # no penalty on the intercept
         total = max(weight, 1e-300)
@@ -164,6 +174,15 @@ class GradientStep(ModelStep):
             [itf.vector_cell(coefficients - step), pa.array([loss]), pa.array([change])],
             names=["coefficients", "loss", "change"],
         )
+
+
+def no_rows(kind: str, fraction: float = 1.0) -> str:
+    """What an ``MLError`` says when a fit sums no weight: no rows, or every weight 0."""
+    batch = " (or this round's mini-batch drew none: raise batch_fraction)" if fraction < 1 else ""
+    return (
+        f"{kind}_regression() has no rows to fit: the DataFrame is empty or every row's "
+        f"weight is 0{batch}"
+    )
 
 
 def coefficients_of(model: DataFrame) -> np.ndarray:
@@ -315,7 +334,9 @@ def _fit(df: DataFrame, options: FitOptions) -> RegressionModel:
     missing = [c for c in wanted if c not in df.columns]
     if missing:
         raise MLError(f"no column(s) {missing}; the columns are {df.columns}")
-    spec = features_of(df, options.features, f"{options.kind}_regression()")
+    who = f"{options.kind}_regression()"
+    spec = features_of(df, options.features, who)
+    df = used_rows(df, [*spec.columns, options.label, options.weight], who)
     prepare = design(spec, options.label, options.weight, options.class_weight)
     if options.kind == "logistic":
         prepare = binary_labels(prepare, options.label)

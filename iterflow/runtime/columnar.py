@@ -41,6 +41,7 @@ from pyspark.sql.types import IntegerType, StructType
 
 from iterflow.errors import IterflowError, IterflowTypeError
 from iterflow.runtime.jvm import semantic_hash, spark_context
+from iterflow.runtime.schema import map_in_arrow
 
 DIRECTORY_CONF = "spark.iterflow.columnar.dir"
 
@@ -282,7 +283,7 @@ class ColumnarData:
         else:
             fs.create_dir(path, recursive=True)
         write = _writer(folder, prepare, _declared_arrow_schema(spark, df.schema))
-        written = df.mapInArrow(write, "location STRING, rows LONG").collect()
+        written = map_in_arrow(df, write, "location STRING, rows LONG").collect()
         return cls(spark, [r["location"] for r in written], sum(r["rows"] for r in written), folder)
 
     @property

@@ -74,6 +74,7 @@ from iterflow.runtime.columnar import (
 )
 from iterflow.runtime.jvm import planned_partitions, spark_context
 from iterflow.runtime.resident import ResidentData, current_round
+from iterflow.runtime.schema import map_in_arrow
 
 #: The rows between the steps of a combine: a partition's (or a group's) index and its
 #: pickled accumulator.
@@ -443,7 +444,7 @@ def combine(
             combine_schema=struct,
         )
     partial_struct = declared_struct(spark, PARTIAL_SCHEMA)
-    partials = data.mapInArrow(combining.feed, partial_struct)
+    partials = map_in_arrow(data, combining.feed, partial_struct)
     merged, left = partials, depth
     known = planned_partitions(data)
     if known is not None:

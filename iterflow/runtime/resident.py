@@ -81,6 +81,7 @@ from iterflow.runtime.columnar import (
 from iterflow.runtime.dataplane import Channel, DataPlane, connect
 from iterflow.runtime.driver_variables import held_frame
 from iterflow.runtime.jvm import byte_setting, is_classic, task_slots
+from iterflow.runtime.schema import map_in_arrow
 
 RESIDENT_CONF = "spark.iterflow.resident"
 MAX_BYTES_CONF = "spark.iterflow.resident.maxBytes"
@@ -418,7 +419,7 @@ class ResidentData:
             self._schema,
             self.limit // self.tasks + 1,  # no task holds more than its share of the limit
         )
-        mapped = self._input.mapInArrow(function, "task INT, unreachable STRING")
+        mapped = map_in_arrow(self._input, function, "task INT, unreachable STRING")
         group = f"iterflow-resident-{self.job}-{generation}"
         context = self.context
 

@@ -19,6 +19,10 @@ from iterflow.runtime.materialize import (
 )
 from iterflow.runtime.resident import ResidentData, ResidentPolicy
 
+#: Columns iterflow adds to the rows of ``ctx.columnar`` (``__iterflow_partition``) and to
+#: its kernels' outputs (``__iterflow_file``): a user column may not start so.
+RESERVED_PREFIX = "__iterflow_"
+
 
 class CacheRegistry:
     """DataFrames iterflow persisted, by lifecycle; releases only what it persisted.
@@ -112,6 +116,13 @@ class SparkRoundScope:
     def columnar(self, df: DataFrame, prepare: Prepare | None) -> ColumnarData | ResidentData:
         if not isinstance(df, DataFrame):
             raise IterflowTypeError(f"columnar() takes a DataFrame, got {type(df).__name__}")
+        reserved = [c for c in df.columns if c.startswith(RESERVED_PREFIX)]
+        if reserved:
+            raise IterflowValueError(
+                f"columnar(): column '{reserved[0]}' of the DataFrame clashes with iterflow's "
+                f"own columns (names starting with '{RESERVED_PREFIX}', which columnar data "
+                "adds to the rows it holds); rename it or drop it before ctx.columnar"
+            )
         return self._caches.columnar(df, prepare)
 
     def observed(self) -> dict[str, int | None]:

@@ -3,9 +3,10 @@ whether rows of a schema can be held on the driver as Arrow, and column names qu
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -27,6 +28,25 @@ def quoted_name(column: str) -> str:
 def quoted(column: str) -> Column:
     """The column named ``column`` (dots and backticks in it taken literally)."""
     return F.col(quoted_name(column))
+
+
+def map_in_arrow(
+    df: DataFrame,
+    function: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+    schema: Any,
+) -> DataFrame:
+    """``df.mapInArrow(function, schema)`` for any column names: PySpark resolves each
+    column of ``df`` by name (``df[name]``), which fails for a name with a dot or a
+    backtick, so such columns reach Spark renamed and ``function`` sees them under their
+    own names again."""
+    names = df.columns
+    if not any("." in name or "`" in name for name in names):
+        return df.mapInArrow(function, schema)
+
+    def renamed(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return function(pa.RecordBatch.from_arrays(b.columns, names=names) for b in batches)
+
+    return df.toDF(*(f"_{i}" for i in range(len(names)))).mapInArrow(renamed, schema)
 
 
 def without_nullability(data_type: DataType) -> DataType:
@@ -66,6 +86,20 @@ def schema_differences(expected: StructType, actual: StructType) -> list[str]:
         if name not in want
     )
     return problems
+
+
+def repeated_columns(columns: Sequence[str], case_sensitive: bool = False) -> list[str]:
+    """The names that two or more of ``columns`` share (compared as Spark resolves them:
+    ignoring case unless ``spark.sql.caseSensitive``), each once, in order."""
+    key = (lambda c: c) if case_sensitive else str.lower
+    seen: dict[str, int] = {}
+    for column in columns:
+        seen[key(column)] = seen.get(key(column), 0) + 1
+    named: dict[str, None] = {}
+    for column in columns:
+        if seen[key(column)] > 1:
+            named.setdefault(column)
+    return list(named)
 
 
 def has_user_type(data_type: DataType) -> bool:
