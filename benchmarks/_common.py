@@ -22,6 +22,7 @@ import platform
 import re
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -423,6 +424,23 @@ def pagerank_workload(
     log(f"graph: {n} vertices, {edge_count} edges (self-loops and duplicates dropped)")
     graph = f"random_graph(spark, {vertices}, {edges}, seed=1)"
     return PageRankWorkload(n, edge_count, ranks0, edge_df, rounds, graph)
+
+
+def child_result(script: str, *args: str, what: str, timeout: int = 1800) -> dict[str, Any]:
+    """Run ``script --child ARGS`` with this interpreter (a process of its own, for a
+    session of its own) and return the JSON its ``RESULT`` line holds; exit naming
+    ``what`` when it fails."""
+    done = subprocess.run(
+        [sys.executable, script, "--child", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"{what} run failed:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1].removeprefix("RESULT "))  # type: ignore[no-any-return]
 
 
 def log(message: str) -> None:

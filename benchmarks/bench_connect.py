@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import COMMIT, log, parse_args, print_table, write_result
+from _common import COMMIT, child_result, log, parse_args, print_table, write_result
 
 VERTICES, EDGES, ROUNDS, REPETITIONS = 20_000, 200_000, 30, 3
 QUICK = {"VERTICES": 2_000, "EDGES": 20_000, "ROUNDS": 10, "REPETITIONS": 1}
@@ -86,25 +85,14 @@ def main() -> None:
     order = order[: 2 * sizes["REPETITIONS"]]
     runs: dict[str, list[dict[str, Any]]] = {"classic": [], "connect": []}
     for mode in order:
-        done = subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--child",
-                mode,
-                str(sizes["VERTICES"]),
-                str(sizes["EDGES"]),
-                str(sizes["ROUNDS"]),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=1800,
-            env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+        run = child_result(
+            __file__,
+            mode,
+            str(sizes["VERTICES"]),
+            str(sizes["EDGES"]),
+            str(sizes["ROUNDS"]),
+            what=mode,
         )
-        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-        if done.returncode != 0 or not lines:
-            raise SystemExit(f"{mode} run failed:\n{done.stderr[-3000:]}")
-        run = json.loads(lines[-1].removeprefix("RESULT "))
         runs[mode].append(run)
         log(f"{mode}: {run['total_s']:.2f} s, median round {run['median_round_s']:.3f} s")
     median = {

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import COMMIT, log, parse_args, print_table, write_result
+from _common import COMMIT, child_result, log, parse_args, print_table, write_result
 
 ROWS, ROUNDS = 1_000_000, 500
 QUICK = {"ROWS": 100_000, "ROUNDS": 60}
@@ -103,17 +102,7 @@ def main() -> None:
     early, late = rounds // 5, 3 * rounds // 5
     runs: dict[str, dict[str, Any]] = {}
     for mode in MODES:
-        done = subprocess.run(
-            [sys.executable, __file__, "--child", mode, str(rows), str(rounds)],
-            capture_output=True,
-            text=True,
-            timeout=3600,
-            env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
-        )
-        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-        if done.returncode != 0 or not lines:
-            raise SystemExit(f"{mode} run failed:\n{done.stderr[-3000:]}")
-        runs[mode] = json.loads(lines[-1].removeprefix("RESULT "))
+        runs[mode] = child_result(__file__, mode, str(rows), str(rounds), what=mode, timeout=3600)
         log(f"{mode}: {runs[mode]['total_s']:.1f} s")
     results: dict[str, Any] = {}
     rows_out = []

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from test_sinks import RecordingSink, closed_port
 
 import iterflow as itf
 from iterflow.errors import IterflowWarning
@@ -79,23 +80,6 @@ def stop_warning(pusher: MetricsPusher) -> tuple[float, list[str]]:
         warnings.simplefilter("always")
         stop_s = timed(pusher.stop)
     return stop_s, [str(w.message) for w in caught if issubclass(w.category, IterflowWarning)]
-
-
-def closed_port() -> int:
-    """A port nothing listens on: bound, then released."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
-class RecordingSink(MetricsSink):
-    def __init__(self) -> None:
-        self.name = "recording"
-        self.snapshots: list[MetricsSnapshot] = []
-
-    def push(self, snapshot: MetricsSnapshot) -> None:
-        self.snapshots.append(snapshot)
 
 
 class HangingSink(MetricsSink):
