@@ -177,18 +177,24 @@ def pregel_run(spark: SparkSession, injector: Injector, listen: Any, **run: Any)
     return out
 
 
-def main(master: str, workdir: str, *cases: str) -> None:
-    # Variables stay in Spark (driverRows=0) and keep 4 partitions (no coalescing), so
-    # that every executor holds blocks of them.
+def fault_session(master: str, app_name: str) -> SparkSession:
+    """A fault job's session. Variables stay in Spark (driverRows=0) and keep their
+    partitions (no coalescing), so that every executor holds blocks of them; the fault
+    injectors (faults.py) go to the executors."""
     spark = job_session(
         master,
-        "iterflow-fault-cluster",
+        app_name,
         **{
             "spark.iterflow.driverRows": "0",
             "spark.sql.adaptive.coalescePartitions.enabled": "false",
         },
     )
     spark.sparkContext.addPyFile(str(Path(__file__).with_name("faults.py")))
+    return spark
+
+
+def main(master: str, workdir: str, *cases: str) -> None:
+    spark = fault_session(master, "iterflow-fault-cluster")
     out: dict[str, Any] = {"driver_pid": os.getpid(), "executors": executor_pids()}
     for case in cases:
         workload, fault, *rest = case.split(":")

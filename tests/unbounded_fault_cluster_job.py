@@ -23,7 +23,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 import numpy as np
 import pandas as pd
-from child_jobs import job_session
+from fault_cluster_job import fault_session
 from faults import BetweenRounds, Injector, executor_pids
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -32,15 +32,7 @@ import iterflow as itf
 
 
 def main(master: str, input_dir: str, workdir: str, fault: str, epoch: str) -> None:
-    spark = job_session(
-        master,
-        "iterflow-unbounded-fault-cluster",
-        **{
-            "spark.iterflow.driverRows": "0",
-            "spark.sql.adaptive.coalescePartitions.enabled": "false",
-        },
-    )
-    spark.sparkContext.addPyFile(str(Path(__file__).with_name("faults.py")))
+    spark = fault_session(master, "iterflow-unbounded-fault-cluster")
     work = Path(workdir)
     injector = Injector(fault, int(epoch), str(work / "fault-ran"))
     killer = BetweenRounds(injector)
