@@ -48,6 +48,7 @@ class RoundLoop:
         driver_rows: int,
         sinks: Mapping[str, Sink],
         spark: SparkSession,
+        keep_history: int | None = None,
     ) -> None:
         self.body = body
         self.sinks = dict(sinks)
@@ -64,7 +65,9 @@ class RoundLoop:
             fixed_reason="is bound with replay=True but receives feedback; replay applies to "
             "data inputs only, drop replay=True",
         )
-        self.loop = LoopState(check=check, listeners=listeners, observers=observers)
+        self.loop = LoopState(
+            check=check, listeners=listeners, observers=observers, recent=keep_history
+        )
         self.residency = residency
         residency.on_decided = observers.flush_start
         self.cycle = RoundCycle(self.loop, CacheRegistry(residency), driver_rows)

@@ -481,3 +481,27 @@ def status_stores(spark: SparkSession) -> tuple[Any, Any, Any]:
     jsc = context._jsc.sc()
     sql = spark._jsparkSession.sharedState().statusStore()
     return jsc.statusTracker(), jsc.statusStore(), sql
+
+
+def jvm_heap_after_gc(spark: SparkSession) -> int:
+    """Bytes of the driver JVM's heap in use right after a full garbage collection
+    (``System.gc()``), for measuring what a long run holds (the soak benchmark)."""
+    jvm: Any = spark._jvm
+    jvm.java.lang.System.gc()
+    return int(
+        jvm.java.lang.management.ManagementFactory.getMemoryMXBean().getHeapMemoryUsage().getUsed()
+    )
+
+
+def persistent_rdd_count(spark: SparkSession) -> int:
+    """How many RDDs the driver's SparkContext holds persisted now."""
+    context = spark_context(spark)
+    if context is None:
+        raise IterflowError("the persisted RDDs can be counted on a classic session only")
+    return int(context._jsc.getPersistentRDDs().size())
+
+
+def jvm_pid(spark: SparkSession) -> int:
+    """The process id of the driver's JVM."""
+    jvm: Any = spark._jvm
+    return int(jvm.java.lang.ProcessHandle.current().pid())
