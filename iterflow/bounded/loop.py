@@ -144,6 +144,10 @@ class RoundLoop:
             self.loop.check.warn_unbounded(epoch, plan)
             return plan
 
+        # The metrics of rounds no rollback can reach are totals only from now on (without
+        # checkpoints nothing rolls back: a nested run's outer run runs it again whole).
+        floor = epoch if self.checkpointing is None else self.checkpointing.rollback_floor
+        self.loop.observers.metrics.settle(floor)
         # Before round 0 declares its feedback, any input may turn out to be a variable.
         names = self.loop.check.variable_names
         rnd = self.cycle.evaluate(

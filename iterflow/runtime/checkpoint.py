@@ -557,6 +557,8 @@ class Checkpointing:
         # The history segments of the last checkpoint committed (or restored), and the
         # epoch of their last round: the next checkpoint writes only the rounds after it.
         self._committed: tuple[tuple[HistorySegment, ...], int] = ((), -1)
+        # Epochs of the checkpoints this run committed, the newest ``keep`` of them.
+        self._epochs: list[int] = []
 
     def restore(self) -> Checkpoint | None:
         """The checkpoint to continue from, or None to start at round 0."""
@@ -586,6 +588,12 @@ class Checkpointing:
             segments = checkpoint.segments
             self._committed = (segments, max((s.last for s in segments), default=-1))
         return checkpoint
+
+    @property
+    def rollback_floor(self) -> int:
+        """The lowest epoch a rollback may run again from: after the oldest checkpoint this
+        run committed and keeps (0 before any)."""
+        return self._epochs[0] + 1 if self._epochs else 0
 
     def due(self, epoch: int) -> bool:
         return (epoch + 1) % self.options.every == 0
@@ -644,6 +652,7 @@ class Checkpointing:
             )
             # Committed: the next checkpoint's history continues from this one's.
             self._committed = (data.segments, data.through)
+            self._epochs = [*self._epochs, epoch][-self.options.keep :]
 
         self.writer.submit(epoch, write)
 

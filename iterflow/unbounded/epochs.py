@@ -260,6 +260,7 @@ class EpochLoop:
         """Epoch ``self.epoch + 1`` on the rows ``new`` of each streaming input (None: none)."""
         epoch = self.epoch + 1
         timing = self.event_time
+        self.loop.observers.metrics.settle(epoch)  # an unbounded run never rolls back
         with self.loop.observers.round(epoch):
             observations = {name: step_observation("input", (name,)) for name in self.streams}
             inputs: dict[str, DataFrame] = {}
