@@ -104,7 +104,7 @@ def test_checkpoints_write_only_the_new_rounds_of_history(spark, tmp_path, monke
 
     def spy(self, epoch, **kwargs):
         snapshot = kwargs["driver"]
-        written.append((epoch, len(snapshot.new or b""), len(snapshot.driver)))
+        written.append((epoch, sum(len(raw) for _, raw in snapshot.new), len(snapshot.driver)))
         real(self, epoch, **kwargs)
 
     monkeypatch.setattr(CheckpointStore, "write", spy)
@@ -162,6 +162,25 @@ def test_resume_with_keep_history_keeps_the_window_and_drops_old_segments(spark,
     assert more.resumed_from == 9
     assert [p.epoch for p in more.history] == [16, 17, 18, 19]
     assert len(segment_files(root)) <= 4
+
+
+def test_history_segments_merge_so_that_a_run_keeps_few_files(spark, tmp_path):
+    """A checkpoint every round: every 16 segments of one level become one of the next,
+    and the history read back is every round, in order."""
+    root = tmp_path / "ckpt"
+    options = dict(progress=False, checkpoint_dir=str(root), checkpoint_every=1)
+    first = iteration(spark, 40).run(**options)
+    final = json.loads((root / "epoch-00000039" / "_COMMITTED").read_text())["history"]
+    assert [(s["first"], s["last"], s["level"]) for s in final] == [
+        (0, 15, 1),
+        (16, 31, 1),
+        *[(e, e, 0) for e in range(32, 40)],
+    ]
+    assert segment_files(root) == named_segments(root)
+    more = iteration(spark, 45).run(**options)
+    assert more.resumed_from == 39
+    assert more.history[:40] == first.history
+    assert [p.epoch for p in more.history] == list(range(45))
 
 
 def test_a_write_that_dies_before_its_commit_leaves_no_hole(spark, tmp_path, monkeypatch):

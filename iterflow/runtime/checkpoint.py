@@ -17,7 +17,9 @@ Layout under ``checkpoint_dir``::
 The history is written incrementally: a checkpoint writes one segment, the
 rounds since the last committed checkpoint, and its manifest names, in order,
 every segment its history is made of (with their sizes and sha256), so the bytes
-a checkpoint writes do not grow with the round count. A segment is written
+a checkpoint writes do not grow with the round count. Every ``MERGE`` segments of
+one level at the end merge into one of the next level (written by the checkpoint
+that makes them), which keeps the files few. A segment is written
 before the manifest that names it and never changed; a segment no remaining
 epoch names (older epochs deleted, a write that never committed) is deleted
 after a commit. With ``keep_history`` the segments wholly before the kept rounds
@@ -57,6 +59,8 @@ FORMAT = 1
 MARKER = "_COMMITTED"
 DRIVER = "driver.pkl"
 HISTORY = "history"
+#: History segments of one level that merge into one of the next level.
+MERGE = 16
 _JOB_PROPERTIES = ("spark.scheduler.pool", "spark.job.description")
 _EPOCH_DIR = re.compile(r"epoch-(\d{8})\Z")
 
@@ -131,6 +135,8 @@ class HistorySegment:
     last: int  # the epoch of its last round
     size: int
     sha256: str
+    #: 0: the rounds of one checkpoint; n + 1: ``MERGE`` segments of level n merged.
+    level: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -140,7 +146,7 @@ class DriverSnapshot:
 
     driver: bytes
     segments: tuple[HistorySegment, ...]  # the history, oldest rounds first
-    new: bytes | None  # the content of the last segment, when this checkpoint writes it
+    new: tuple[tuple[str, bytes], ...]  # the segments this checkpoint writes: name, content
     through: int  # the epoch of the last round the segments hold (-1: none)
 
 
@@ -379,8 +385,8 @@ class CheckpointStore:
         for kind, frames in (("variables", variables), ("outputs", outputs)):
             for name, df in frames.items():
                 df.write.mode("overwrite").parquet(f"{base}/{kind}/{name}")
-        if driver.new is not None:
-            self.files.write_bytes(self._path(driver.segments[-1].name), driver.new)
+        for name, raw in driver.new:
+            self.files.write_bytes(self._path(name), raw)
         # Never commit a history with a hole: the segments of earlier checkpoints it reads
         # must all be there (they are, unless something else deleted them).
         missing = self._missing(driver.segments)
@@ -439,6 +445,21 @@ class CheckpointStore:
         for epoch in self.epochs():
             self.files.delete(self._path(epoch_dir(epoch)))
         self.files.delete(self._path(HISTORY))
+
+
+def _segment(rounds: list[Any], *, level: int) -> tuple[HistorySegment, bytes]:
+    """A history segment of ``rounds`` (``RoundProgress``, in order), and its content."""
+    raw = bytes(dumps(rounds))
+    first, last = rounds[0].epoch, rounds[-1].epoch
+    segment = HistorySegment(
+        name=f"{HISTORY}/{first:08d}-{last:08d}-{uuid.uuid4().hex[:12]}.pkl",
+        first=first,
+        last=last,
+        size=len(raw),
+        sha256=hashlib.sha256(raw).hexdigest(),
+        level=level,
+    )
+    return segment, raw
 
 
 def _segments(manifest: Mapping[str, Any]) -> tuple[HistorySegment, ...]:
@@ -600,7 +621,12 @@ class Checkpointing:
 
     def snapshot(self, driver: DriverState, epoch: int) -> DriverSnapshot:
         """``driver`` pickled now, at the round boundary: the history as the segments of
-        the last committed checkpoint and one more with the rounds since."""
+        the last committed checkpoint and one more with the rounds since.
+
+        Segments merge as in a log-structured tree: ``MERGE`` segments of one level
+        at the end become one of the next level, so a run keeps a few dozen files
+        (a logarithmic number without ``keep_history``), and each round is written
+        once per level."""
         base, through = self._committed
         history = driver.history
         if history:  # segments wholly before the kept rounds are not read any more
@@ -609,17 +635,22 @@ class Checkpointing:
         fresh = [progress for progress in history if progress.epoch > through]
         data = snapshot(attrs.evolve(driver, history=[]), epoch)
         if not fresh:
-            return DriverSnapshot(driver=data, segments=base, new=None, through=through)
-        raw = bytes(dumps(fresh))
-        segment = HistorySegment(
-            name=f"{HISTORY}/{fresh[0].epoch:08d}-{fresh[-1].epoch:08d}-{uuid.uuid4().hex[:12]}.pkl",
-            first=fresh[0].epoch,
-            last=fresh[-1].epoch,
-            size=len(raw),
-            sha256=hashlib.sha256(raw).hexdigest(),
-        )
+            return DriverSnapshot(driver=data, segments=base, new=(), through=through)
+        segments, content = list(base), {}
+        segment, content[segment.name] = _segment(fresh, level=0)
+        segments.append(segment)
+        while len(segments) >= MERGE and len({s.level for s in segments[-MERGE:]}) == 1:
+            merged = segments[-MERGE:]
+            # The rounds they hold that this run keeps (older ones are not kept any more).
+            rounds = [p for p in history if merged[0].first <= p.epoch <= merged[-1].last]
+            segment, content[segment.name] = _segment(rounds, level=merged[0].level + 1)
+            segments[-MERGE:] = [segment]
+        named = {s.name for s in segments}
         return DriverSnapshot(
-            driver=data, segments=(*base, segment), new=raw, through=fresh[-1].epoch
+            driver=data,
+            segments=tuple(segments),
+            new=tuple((name, raw) for name, raw in content.items() if name in named),
+            through=fresh[-1].epoch,
         )
 
     def write(
