@@ -71,16 +71,24 @@ class Sampler:
 
 def assert_flat(sampler: Sampler, rounds: int) -> None:
     """Every measure's median over the last quarter of the rounds is at most ``FLAT``
-    times its median over rounds ``rounds/20``..``rounds/4``."""
+    times its median over rounds ``rounds/20``..``rounds/4`` (100-500 of 2,000).
+
+    The JVM heap is compared with rounds ``rounds/2``..``3 rounds/4`` instead: Spark's
+    status store keeps the last 1,000 jobs, stages and SQL executions (with the UI
+    off too), so the heap rises by some 10 MiB over the first 1,000 rounds and is
+    flat after (benchmarks/README.md, "Soak")."""
     grown = {}
     for key in sampler.samples[0]:
         if key == "epoch":
             continue
-        early = statistics.median(sampler.window(key, rounds // 20, rounds // 4))
+        first, last = rounds // 20, rounds // 4
+        if key == "jvm_heap_after_gc":  # once Spark's status store is full (see above)
+            first, last = rounds // 2, rounds * 3 // 4
+        early = statistics.median(sampler.window(key, first, last))
         late = statistics.median(sampler.window(key, rounds - rounds // 4, rounds))
         if late > max(early * FLAT, early + 1):
             grown[key] = (early, late)
-    assert not grown, f"grew from rounds {rounds // 20}-{rounds // 4} to the last: {grown}"
+    assert not grown, f"grew to the last {rounds // 4} rounds: {grown}"
 
 
 @itf.body
