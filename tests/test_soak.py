@@ -157,7 +157,7 @@ def least_squares(model, points, ctx):
         combine=step(weights),
         combine_schema="w ARRAY<DOUBLE>",
     )
-    return itf.Declaration(feedback={"model": new_model})
+    return itf.Declaration(feedback={"model": new_model}, outputs={"model": new_model})
 
 
 @pytest.mark.slow_spark
