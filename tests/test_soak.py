@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import os
 import statistics
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,12 +24,15 @@ import numpy as np
 import psutil
 import pyarrow as pa
 import pytest
+from pyspark import cloudpickle
 from pyspark.sql import functions as F
 
 import iterflow as itf
 from iterflow.runtime.jvm import jvm_heap_after_gc, jvm_pid, persistent_rdd_count
 
 pytestmark = pytest.mark.spark
+# The kernels below run in Python workers, which cannot import this module.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 #: Rounds between samples.
 EVERY = 10
