@@ -199,6 +199,11 @@ def at_least_one(option: str, value: int, *, zero: bool = False) -> int:
     return value
 
 
+def keep_history_option(value: int | None) -> int | None:
+    """``keep_history=``: None (every round) or the int >= 1 of rounds of history kept."""
+    return None if value is None else at_least_one("keep_history", value)
+
+
 def _to_dataframe(spark: SparkSession, name: str, data: Any) -> DataFrame:
     try:
         return spark.createDataFrame(data)

@@ -115,6 +115,30 @@ def test_rolled_back_rounds_count_as_attempted_only() -> None:
     assert run.finish()["c"] == MetricResult(kind="counter", committed=3, attempted=5)
 
 
+def test_settled_rounds_are_totals_only_and_a_later_rollback_still_counts_right() -> None:
+    """A long run forgets the per-round states of the rounds no rollback can reach; the
+    totals and a rollback after them come out as if it had kept them all."""
+    registry = fresh()
+    run = registry.begin_run(iteration="it", run_id="r1")
+    counter = registry.get("c", "counter")
+    level = registry.get("g", "gauge")
+    for epoch in range(1000):
+        run.settle(epoch - 10)  # a checkpoint ten rounds back
+        run.start_round(epoch)
+        counter.inc(2)  # type: ignore[attr-defined]
+        level.set(epoch)  # type: ignore[attr-defined]
+        run.complete_round(epoch)
+    assert len(run._sealed) <= 12
+    run.roll_back(995)  # rounds 995-999 run again
+    for epoch in range(995, 1000):
+        run.start_round(epoch)
+        counter.inc(1)  # type: ignore[attr-defined]
+        run.complete_round(epoch)
+    totals = run.finish()
+    assert totals["c"] == MetricResult(kind="counter", committed=995 * 2 + 5, attempted=2005)
+    assert totals["g"].committed == 994  # the reruns did not set it: the last committed set
+
+
 def test_executor_states_count_toward_their_epoch() -> None:
     executor = {
         (0, "c", "counter"): 5,

@@ -11,7 +11,13 @@ from pyspark.sql import DataFrame, SparkSession
 from iterflow.body import IterationBody
 from iterflow.bounded.loop import RoundLoop
 from iterflow.bounded.result import IterationResult
-from iterflow.builder import Binding, IterationBuilder, at_least_one, check_progress_option
+from iterflow.builder import (
+    Binding,
+    IterationBuilder,
+    at_least_one,
+    check_progress_option,
+    keep_history_option,
+)
 from iterflow.errors import IterflowTypeError, IterflowValueError, warn
 from iterflow.progress.estimate import check_progress_from
 from iterflow.runtime.checkpoint import CheckpointOptions
@@ -79,6 +85,7 @@ class BoundedIteration(IterationBuilder):
         progress_from: str | None = None,
         progress_interval_s: float = 0.5,
         event_log_progress_s: float = 5.0,
+        keep_history: int | None = None,
     ) -> IterationResult:
         """Run rounds until a termination condition holds; return the result.
 
@@ -109,8 +116,14 @@ class BoundedIteration(IterationBuilder):
         fraction done and time left, listeners' ``on_round_progress`` get an
         ``itf.RoundSample``, and the event log a ``round_progress`` line at most
         every ``event_log_progress_s`` seconds (0: none). See docs/events.md.
+
+        ``keep_history=N`` keeps only the last N rounds' ``RoundProgress`` in memory,
+        in checkpoints and in ``result.history`` (default None: every round). The
+        event log stays the full record of every round; ``result.rounds`` counts them
+        all. See docs/checkpoints.md, "How the history and the event log grow".
         """
         check_progress_option(progress)
+        kept = keep_history_option(keep_history)
         check_progress_from(progress_from)
         active, inputs = self._bound_inputs(spark)
         held_rows = driver_rows(active)
@@ -157,5 +170,6 @@ class BoundedIteration(IterationBuilder):
             driver_rows=held_rows,
             sinks=self._sinks_by_output,
             spark=active,
+            keep_history=kept,
         )
         return loop.run()

@@ -48,6 +48,7 @@ class RoundLoop:
         driver_rows: int,
         sinks: Mapping[str, Sink],
         spark: SparkSession,
+        keep_history: int | None = None,
     ) -> None:
         self.body = body
         self.sinks = dict(sinks)
@@ -64,7 +65,9 @@ class RoundLoop:
             fixed_reason="is bound with replay=True but receives feedback; replay applies to "
             "data inputs only, drop replay=True",
         )
-        self.loop = LoopState(check=check, listeners=listeners, observers=observers)
+        self.loop = LoopState(
+            check=check, listeners=listeners, observers=observers, recent=keep_history
+        )
         self.residency = residency
         residency.on_decided = observers.flush_start
         self.cycle = RoundCycle(self.loop, CacheRegistry(residency), driver_rows)
@@ -141,6 +144,10 @@ class RoundLoop:
             self.loop.check.warn_unbounded(epoch, plan)
             return plan
 
+        # The metrics of rounds no rollback can reach are totals only from now on (without
+        # checkpoints nothing rolls back: a nested run's outer run runs it again whole).
+        floor = epoch if self.checkpointing is None else self.checkpointing.rollback_floor
+        self.loop.observers.metrics.settle(floor)
         # Before round 0 declares its feedback, any input may turn out to be a variable.
         names = self.loop.check.variable_names
         rnd = self.cycle.evaluate(

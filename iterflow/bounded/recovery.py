@@ -57,7 +57,7 @@ class Recovery:
             outputs=checkpoint.outputs,
             rounds=checkpoint.epoch + 1,
             termination=driver.termination,
-            history=list(driver.history),
+            history=loop.kept(driver.history),
             emitted={k: list(v) for k, v in driver.emitted.items()},
             metrics=metrics,
             resumed_from=checkpoint.epoch,
@@ -106,7 +106,7 @@ class Recovery:
                 f"{keep}, then run() again to resume"
             ) from error
         checkpointing.settle()
-        checkpoint = checkpointing.store.latest()
+        checkpoint = checkpointing.latest()
         if checkpoint is None:
             raise IterflowError(
                 f"{lost}, and no checkpoint has committed yet (the first is due after epoch "

@@ -198,11 +198,12 @@ class RunMetrics:
         self._rounds: dict[int, _Round] = {}
         self._current: int | None = None
         self._last_completed: int | None = None
-        # Sealed rounds: epoch -> (completed, states); their running totals below.
+        # Sealed rounds a rollback may still go back before: epoch -> (completed, states);
+        # their running totals below (``settle`` folds the others into the base).
         self._sealed: dict[int, tuple[bool, dict[tuple[str, Kind], State]]] = {}
         self._committed: dict[str, State] = {}
         self._attempted: dict[str, State] = {}
-        # Committed totals restored from a checkpoint, before any sealed round.
+        # Committed totals restored from a checkpoint, and of the rounds settled since.
         self._base_committed: dict[str, State] = {}
 
     # -- recording ---------------------------------------------------------------
@@ -232,6 +233,17 @@ class RunMetrics:
         with self._lock:
             self._rounds.setdefault(epoch, _Round()).completed = True
             self._last_completed = epoch
+
+    def settle(self, before: int) -> None:
+        """No rollback will go back before epoch ``before``: fold the sealed rounds before
+        it into the base totals and forget them (else one entry per round stays in memory
+        for the whole run)."""
+        with self._lock:
+            settled = [e for e in self._sealed if e < before]
+            for epoch in settled:
+                completed, states = self._sealed.pop(epoch)
+                if completed:
+                    self._fold(self._base_committed, states)
 
     def roll_back(self, epoch: int) -> None:
         """Round ``epoch`` will run again: what it recorded so far counts as attempted only."""

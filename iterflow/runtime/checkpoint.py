@@ -5,14 +5,31 @@ Layout under ``checkpoint_dir``::
     epoch-00000007/
         variables/<name>/    parquet, one dataset per variable
         outputs/<name>/      parquet, only in the checkpoint of the final epoch
-        driver.pkl           ctx.state, listener states, emitted values, history,
-                             committed metrics (cloudpickle)
+        driver.pkl           ctx.state, listener states, emitted values, committed
+                             metrics (cloudpickle); the history is in history/
         _COMMITTED           the manifest (JSON): fingerprint, epoch, every file and its
-                             size, driver.pkl's sha256; written last, atomically
+                             size, driver.pkl's sha256, the history segments it reads;
+                             written last, atomically
+    history/
+        00000000-00000009-<token>.pkl   the RoundProgress of epochs 0-9 (cloudpickle)
+        00000010-00000019-<token>.pkl   ...
+
+The history is written incrementally: a checkpoint writes one segment, the
+rounds since the last committed checkpoint, and its manifest names, in order,
+every segment its history is made of (with their sizes and sha256), so the bytes
+a checkpoint writes do not grow with the round count. Every ``MERGE`` segments of
+one level at the end merge into one of the next level (written by the checkpoint
+that makes them), which keeps the files few. A segment is written
+before the manifest that names it and never changed; a segment no remaining
+epoch names (older epochs deleted, a write that never committed) is deleted
+after a commit. With ``keep_history`` the segments wholly before the kept rounds
+are no longer named.
 
 An epoch directory without a readable ``_COMMITTED`` manifest, or whose files
-differ from it (a truncated write), does not exist for resuming. Older epochs
-are deleted only after a newer one has committed.
+(or history segments) differ from it (a truncated write), does not exist for
+resuming. Older epochs are deleted only after a newer one has committed.
+Checkpoint directories written before history segments existed hold the whole
+history in ``driver.pkl``; they load as before.
 Checkpoint directories are trusted input: they hold pickles.
 """
 
@@ -24,6 +41,7 @@ import json
 import pickle
 import re
 import threading
+import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -40,6 +58,9 @@ from iterflow.runtime.jvm import is_classic, spark_context
 FORMAT = 1
 MARKER = "_COMMITTED"
 DRIVER = "driver.pkl"
+HISTORY = "history"
+#: History segments of one level that merge into one of the next level.
+MERGE = 16
 _JOB_PROPERTIES = ("spark.scheduler.pool", "spark.job.description")
 _EPOCH_DIR = re.compile(r"epoch-(\d{8})\Z")
 
@@ -106,14 +127,40 @@ class DriverState:
 
 
 @attrs.frozen(kw_only=True)
+class HistorySegment:
+    """One file of history under ``history/``, as a manifest names it."""
+
+    name: str  # relative to the checkpoint directory
+    first: int  # the epoch of its first round
+    last: int  # the epoch of its last round
+    size: int
+    sha256: str
+    #: 0: the rounds of one checkpoint; n + 1: ``MERGE`` segments of level n merged.
+    level: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class DriverSnapshot:
+    """The driver state of one checkpoint, pickled at a round boundary (``Checkpointing.
+    snapshot``): ``driver.pkl`` without the history, and the history as segments."""
+
+    driver: bytes
+    segments: tuple[HistorySegment, ...]  # the history, oldest rounds first
+    new: tuple[tuple[str, bytes], ...]  # the segments this checkpoint writes: name, content
+    through: int  # the epoch of the last round the segments hold (-1: none)
+
+
+@attrs.frozen(kw_only=True)
 class Checkpoint:
-    """A committed epoch, read back: DataFrames over its parquet files and the driver state."""
+    """A committed epoch, read back: DataFrames over its parquet files and the driver state
+    (its history reassembled from the segments)."""
 
     epoch: int
     fingerprint: dict[str, Any]
     variables: dict[str, DataFrame]
     outputs: dict[str, DataFrame]
     driver: DriverState
+    segments: tuple[HistorySegment, ...] = ()
 
     @property
     def final(self) -> bool:
@@ -140,6 +187,15 @@ def load_driver_state(raw: bytes) -> DriverState:
     for progress in driver.history:
         _fill_defaults(progress)
     return driver
+
+
+def load_history(raw: bytes) -> list[Any]:
+    """The rounds of a history segment (``RoundProgress``), as ``load_driver_state`` reads
+    the history of an older ``driver.pkl``."""
+    rounds: list[Any] = _DriverStateUnpickler(io.BytesIO(raw)).load()
+    for progress in rounds:
+        _fill_defaults(progress)
+    return rounds
 
 
 def _fill_defaults(record: Any) -> None:
@@ -255,13 +311,45 @@ class CheckpointStore:
         driver = self.files.read_bytes(f"{base}/{DRIVER}")
         if hashlib.sha256(driver).hexdigest() != manifest["driver_sha256"]:
             return f"{DRIVER} does not match its checksum"
+        segments = _segments(manifest)
+        return self._missing(segments) if segments else None
+
+    def _missing(self, segments: tuple[HistorySegment, ...]) -> str | None:
+        """Which of the history ``segments`` is not there whole, or None."""
+        sizes = (
+            self.files.file_sizes(self._path(HISTORY))
+            if self.files.exists(self._path(HISTORY))
+            else {}
+        )
+        for segment in segments:
+            size = sizes.get(segment.name.removeprefix(f"{HISTORY}/"))
+            if size != segment.size:
+                return (
+                    f"history segment '{segment.name}' has {size} bytes, the manifest says "
+                    f"{segment.size}"
+                )
         return None
+
+    def _history(self, segments: tuple[HistorySegment, ...]) -> list[Any]:
+        """The rounds of ``segments``, in order; checks each one's sha256."""
+        rounds: list[Any] = []
+        for segment in segments:
+            raw = self.files.read_bytes(self._path(segment.name))
+            if hashlib.sha256(raw).hexdigest() != segment.sha256:
+                raise IterflowError(
+                    f"history segment '{segment.name}' in '{self.root}' does not match its checksum"
+                )
+            rounds.extend(load_history(raw))
+        return rounds
 
     def _read(self, epoch: int) -> Checkpoint:
         base = self._path(epoch_dir(epoch))
         manifest = self._manifest(epoch)
+        segments = _segments(manifest)
         try:
             driver: DriverState = load_driver_state(self.files.read_bytes(f"{base}/{DRIVER}"))
+            if segments:
+                driver = attrs.evolve(driver, history=self._history(segments))
         except Exception as exc:
             raise IterflowError(
                 f"checkpoint epoch {epoch} in '{self.root}': its driver state does not load "
@@ -276,6 +364,7 @@ class CheckpointStore:
             variables={n: read(f"{base}/variables/{n}") for n in manifest["variables"]},
             outputs={n: read(f"{base}/outputs/{n}") for n in manifest["outputs"]},
             driver=driver,
+            segments=segments,
         )
 
     # -- writing -------------------------------------------------------------------
@@ -287,15 +376,23 @@ class CheckpointStore:
         fingerprint: Mapping[str, Any],
         variables: Mapping[str, DataFrame],
         outputs: Mapping[str, DataFrame],
-        driver: bytes,
+        driver: DriverSnapshot,
     ) -> None:
-        """Write epoch ``epoch`` and commit it; then delete epochs beyond ``keep``."""
+        """Write epoch ``epoch`` and commit it; then delete epochs beyond ``keep``, and the
+        history segments no epoch left names."""
         base = self._path(epoch_dir(epoch))
         self.files.delete(base)  # what an interrupted earlier write left
         for kind, frames in (("variables", variables), ("outputs", outputs)):
             for name, df in frames.items():
                 df.write.mode("overwrite").parquet(f"{base}/{kind}/{name}")
-        self.files.write_bytes(f"{base}/{DRIVER}", driver)
+        for name, raw in driver.new:
+            self.files.write_bytes(self._path(name), raw)
+        # Never commit a history with a hole: the segments of earlier checkpoints it reads
+        # must all be there (they are, unless something else deleted them).
+        missing = self._missing(driver.segments)
+        if missing is not None:
+            raise IterflowError(f"epoch {epoch}: {missing}; the checkpoint is not committed")
+        self.files.write_bytes(f"{base}/{DRIVER}", driver.driver)
         manifest = {
             "format": FORMAT,
             "epoch": epoch,
@@ -303,7 +400,8 @@ class CheckpointStore:
             "variables": sorted(variables),
             "outputs": sorted(outputs),
             "files": self.files.file_sizes(base),
-            "driver_sha256": hashlib.sha256(driver).hexdigest(),
+            "driver_sha256": hashlib.sha256(driver.driver).hexdigest(),
+            "history": [attrs.asdict(segment) for segment in driver.segments],
         }
         # The manifest is the commit marker: once it is there, whole, the epoch exists.
         raw = json.dumps(manifest, sort_keys=True).encode()
@@ -325,11 +423,48 @@ class CheckpointStore:
         for epoch in older:
             if epoch not in keep:
                 self.files.delete(self._path(epoch_dir(epoch)))
+        self._prune_history()
+
+    def _prune_history(self) -> None:
+        """Delete the history segments that no epoch directory left names. Runs after a
+        commit, with no other write in flight: a segment not named by a manifest then
+        belongs to an epoch deleted, or to a write that never committed."""
+        named: set[str] = set()
+        for epoch in self.epochs():
+            try:
+                manifest = self._manifest(epoch)
+            except Exception:  # no marker or a damaged one: it cannot be resumed from
+                continue
+            named.update(segment.name for segment in _segments(manifest))
+        for name in self.files.children(self._path(HISTORY)):
+            if f"{HISTORY}/{name}" not in named:
+                self.files.delete(self._path(HISTORY, name))
 
     def clear(self) -> None:
-        """Delete every epoch directory (an explicit fresh start)."""
+        """Delete every epoch directory and the history (an explicit fresh start)."""
         for epoch in self.epochs():
             self.files.delete(self._path(epoch_dir(epoch)))
+        self.files.delete(self._path(HISTORY))
+
+
+def _segment(rounds: list[Any], *, level: int) -> tuple[HistorySegment, bytes]:
+    """A history segment of ``rounds`` (``RoundProgress``, in order), and its content."""
+    raw = bytes(dumps(rounds))
+    first, last = rounds[0].epoch, rounds[-1].epoch
+    segment = HistorySegment(
+        name=f"{HISTORY}/{first:08d}-{last:08d}-{uuid.uuid4().hex[:12]}.pkl",
+        first=first,
+        last=last,
+        size=len(raw),
+        sha256=hashlib.sha256(raw).hexdigest(),
+        level=level,
+    )
+    return segment, raw
+
+
+def _segments(manifest: Mapping[str, Any]) -> tuple[HistorySegment, ...]:
+    """The history segments a manifest names (none in checkpoints written before them)."""
+    return tuple(HistorySegment(**segment) for segment in manifest.get("history", ()))
 
 
 class CheckpointWriteError(IterflowError):
@@ -440,13 +575,18 @@ class Checkpointing:
         self.fingerprint = fingerprint
         self.store = CheckpointStore(spark, options.directory, keep=options.keep)
         self.writer = CheckpointWriter(spark, asynchronous=options.asynchronous)
+        # The history segments of the last checkpoint committed (or restored), and the
+        # epoch of their last round: the next checkpoint writes only the rounds after it.
+        self._committed: tuple[tuple[HistorySegment, ...], int] = ((), -1)
+        # Epochs of the checkpoints this run committed, the newest ``keep`` of them.
+        self._epochs: list[int] = []
 
     def restore(self) -> Checkpoint | None:
         """The checkpoint to continue from, or None to start at round 0."""
         if not self.options.resume:
             self.store.clear()
             return None
-        checkpoint = self.store.latest(strict=self.options.strict)
+        checkpoint = self.latest(strict=self.options.strict)
         if checkpoint is None:
             return None
         problems = fingerprint_differences(checkpoint.fingerprint, self.fingerprint)
@@ -460,8 +600,58 @@ class Checkpointing:
             )
         return checkpoint
 
+    def latest(self, *, strict: bool = False) -> Checkpoint | None:
+        """The newest valid checkpoint (``CheckpointStore.latest``); the history the run
+        continues with is its history."""
+        checkpoint = self.store.latest(strict=strict)
+        if checkpoint is not None:
+            # Without segments (an older checkpoint) the next one writes all the history.
+            segments = checkpoint.segments
+            self._committed = (segments, max((s.last for s in segments), default=-1))
+        return checkpoint
+
+    @property
+    def rollback_floor(self) -> int:
+        """The lowest epoch a rollback may run again from: after the oldest checkpoint this
+        run committed and keeps (0 before any)."""
+        return self._epochs[0] + 1 if self._epochs else 0
+
     def due(self, epoch: int) -> bool:
         return (epoch + 1) % self.options.every == 0
+
+    def snapshot(self, driver: DriverState, epoch: int) -> DriverSnapshot:
+        """``driver`` pickled now, at the round boundary: the history as the segments of
+        the last committed checkpoint and one more with the rounds since.
+
+        Segments merge as in a log-structured tree: ``MERGE`` segments of one level
+        at the end become one of the next level, so a run keeps a few dozen files
+        (a logarithmic number without ``keep_history``), and each round is written
+        once per level."""
+        base, through = self._committed
+        history = driver.history
+        if history:  # segments wholly before the kept rounds are not read any more
+            first = history[0].epoch
+            base = tuple(segment for segment in base if segment.last >= first)
+        fresh = [progress for progress in history if progress.epoch > through]
+        data = snapshot(attrs.evolve(driver, history=[]), epoch)
+        if not fresh:
+            return DriverSnapshot(driver=data, segments=base, new=(), through=through)
+        segments, content = list(base), {}
+        segment, content[segment.name] = _segment(fresh, level=0)
+        segments.append(segment)
+        while len(segments) >= MERGE and len({s.level for s in segments[-MERGE:]}) == 1:
+            merged = segments[-MERGE:]
+            # The rounds they hold that this run keeps (older ones are not kept any more).
+            rounds = [p for p in history if merged[0].first <= p.epoch <= merged[-1].last]
+            segment, content[segment.name] = _segment(rounds, level=merged[0].level + 1)
+            segments[-MERGE:] = [segment]
+        named = {s.name for s in segments}
+        return DriverSnapshot(
+            driver=data,
+            segments=tuple(segments),
+            new=tuple((name, raw) for name, raw in content.items() if name in named),
+            through=fresh[-1].epoch,
+        )
 
     def write(
         self,
@@ -471,27 +661,31 @@ class Checkpointing:
         outputs: Mapping[str, DataFrame] | None = None,
     ) -> None:
         """Snapshot ``driver`` now and write epoch ``epoch`` (in the background when async)."""
-        self.write_snapshot(epoch, snapshot(driver, epoch), variables, outputs)
+        self.write_snapshot(epoch, self.snapshot(driver, epoch), variables, outputs)
 
     def write_snapshot(
         self,
         epoch: int,
-        data: bytes,
+        data: DriverSnapshot,
         variables: Mapping[str, DataFrame],
         outputs: Mapping[str, DataFrame] | None = None,
     ) -> None:
-        """Write epoch ``epoch`` with the driver state ``data`` pickled by ``snapshot``."""
+        """Write epoch ``epoch`` with the driver state ``data`` taken by ``snapshot``."""
         frames, results = dict(variables), dict(outputs or {})
-        self.writer.submit(
-            epoch,
-            lambda: self.store.write(
+
+        def write() -> None:
+            self.store.write(
                 epoch,
                 fingerprint=self.fingerprint,
                 variables=frames,
                 outputs=results,
                 driver=data,
-            ),
-        )
+            )
+            # Committed: the next checkpoint's history continues from this one's.
+            self._committed = (data.segments, data.through)
+            self._epochs = [*self._epochs, epoch][-self.options.keep :]
+
+        self.writer.submit(epoch, write)
 
     def wait(self) -> None:
         """Block until the pending write is done; raise if it failed.

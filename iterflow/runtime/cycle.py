@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timezone
 from functools import partial
 from typing import Any, NoReturn
@@ -61,7 +61,8 @@ class LoopState:
     state: dict[str, Any] = attrs.Factory(dict)
     emitter: Emitter = attrs.Factory(Emitter)
     history: list[RoundProgress] = attrs.Factory(list)
-    #: Rounds of history kept (None: all); an unbounded run keeps the recent ones.
+    #: Rounds of history kept (``keep_history``; None: all); an unbounded run keeps the
+    #: recent ones by default. The event log is the full record.
     recent: int | None = None
 
     def driver_state(self, *, termination: Any = None, stream: Any = None) -> DriverState:
@@ -87,7 +88,13 @@ class LoopState:
         self.listeners.load_state(driver.listeners)
         self.emitter.values.clear()
         self.emitter.values.update({k: list(v) for k, v in driver.emitted.items()})
-        self.history[:] = driver.history
+        self.history[:] = self.kept(driver.history)
+
+    def kept(self, history: Sequence[RoundProgress]) -> list[RoundProgress]:
+        """The rounds of ``history`` this run keeps: the last ``recent`` ones, or all."""
+        if self.recent is None:
+            return list(history)
+        return list(history[max(len(history) - self.recent, 0) :])
 
     def terminated(
         self, termination: Termination, rounds: int, outputs: Mapping[str, DataFrame]
@@ -320,8 +327,8 @@ class RoundCycle:
             fail(rnd.epoch, exc.stage, exc.cause)
         progress = loop.observers.complete(progress, conditions, loop.history)
         loop.history.append(progress)
-        if loop.recent is not None:
-            del loop.history[: -loop.recent]
+        if loop.recent is not None and len(loop.history) > loop.recent:
+            del loop.history[: len(loop.history) - loop.recent]
         loop.observers.round_end(progress, conditions)
         loop.listeners.round_end(rnd.end(progress), partial(fail, rnd.epoch))
         return progress

@@ -529,3 +529,27 @@ def _uncached(df: DataFrame, method: str) -> Any:
     bound = getattr(df, method)
     wrapped = getattr(getattr(type(df), method, None), "__wrapped__", None)
     return bound if wrapped is None else wrapped.__get__(df, type(df))
+
+
+def jvm_heap_after_gc(spark: SparkSession) -> int:
+    """Bytes of the driver JVM's heap in use right after a full garbage collection
+    (``System.gc()``), for measuring what a long run holds (the soak benchmark)."""
+    jvm: Any = spark._jvm
+    jvm.java.lang.System.gc()
+    return int(
+        jvm.java.lang.management.ManagementFactory.getMemoryMXBean().getHeapMemoryUsage().getUsed()
+    )
+
+
+def persistent_rdd_count(spark: SparkSession) -> int:
+    """How many RDDs the driver's SparkContext holds persisted now."""
+    context = spark_context(spark)
+    if context is None:
+        raise IterflowError("the persisted RDDs can be counted on a classic session only")
+    return int(context._jsc.getPersistentRDDs().size())
+
+
+def jvm_pid(spark: SparkSession) -> int:
+    """The process id of the driver's JVM."""
+    jvm: Any = spark._jvm
+    return int(jvm.java.lang.ProcessHandle.current().pid())

@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from iterflow.errors import IterflowValueError
-from iterflow.runtime.checkpoint import snapshot
+from iterflow.runtime.checkpoint import DriverSnapshot
 from iterflow.runtime.driver_variables import local_frame
 from iterflow.unbounded.event_time import stored_name
 
@@ -58,7 +58,7 @@ class Snapshot:
 
     epoch: int
     batch_id: int
-    driver: bytes
+    driver: DriverSnapshot
     written: dict[str, DataFrame]
     states: dict[str, DataFrame]  # the event-time steps' large states
     pinned: list[DataFrame]
@@ -77,7 +77,7 @@ def take(loop: EpochLoop) -> Snapshot:
         inline=inline,
         event_time=event_time,
     )
-    driver = snapshot(loop.loop.driver_state(stream=position), loop.epoch)
+    driver = loop.checkpointing.snapshot(loop.loop.driver_state(stream=position), loop.epoch)
     pinned = loop.cycle.pin() if written or states else []
     return Snapshot(
         epoch=loop.epoch,

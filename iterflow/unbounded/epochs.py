@@ -54,7 +54,7 @@ from iterflow.unbounded.committer import Committer
 from iterflow.unbounded.event_time import EventTime
 from iterflow.unbounded.inputs import Chunks, split
 
-#: Per-epoch progress kept in memory and in the epoch log.
+#: Per-epoch progress kept in memory and in the epoch log, unless ``keep_history`` says.
 RECENT_EPOCHS = 1_000
 
 
@@ -65,7 +65,7 @@ class StoppedError(IterflowError):
 @attrs.frozen(kw_only=True)
 class EpochOptions:
     """``start(max_rows_per_epoch=, max_feedback_rows=, max_epochs_per_batch=,
-    commit_interval_s=)``."""
+    commit_interval_s=, keep_history=)``."""
 
     max_rows_per_epoch: int | None = None
     max_feedback_rows: int = 0
@@ -73,6 +73,7 @@ class EpochOptions:
     commit_interval_s: float | None = None  # None: commit before each micro-batch returns
     max_batches_behind: int = 50  # of the last commit, off the loop's path (``committer``)
     driver_rows: int = DRIVER_ROWS  # state variables up to this many rows live on the driver
+    keep_history: int | None = None  # epochs of history kept; None: ``RECENT_EPOCHS``
 
 
 class EpochLoop:
@@ -106,7 +107,10 @@ class EpochLoop:
         self.stopping = threading.Event()
         check = DeclarationCheck(body.name, {n: df.schema for n, df in inputs.items()})
         self.loop = LoopState(
-            check=check, listeners=listeners, observers=observers, recent=RECENT_EPOCHS
+            check=check,
+            listeners=listeners,
+            observers=observers,
+            recent=RECENT_EPOCHS if options.keep_history is None else options.keep_history,
         )
         self.cycle = RoundCycle(self.loop, CacheRegistry(), options.driver_rows)
         self.empty = {name: spark.createDataFrame([], inputs[name].schema) for name in streams}
@@ -256,6 +260,7 @@ class EpochLoop:
         """Epoch ``self.epoch + 1`` on the rows ``new`` of each streaming input (None: none)."""
         epoch = self.epoch + 1
         timing = self.event_time
+        self.loop.observers.metrics.settle(epoch)  # an unbounded run never rolls back
         with self.loop.observers.round(epoch):
             observations = {name: step_observation("input", (name,)) for name in self.streams}
             inputs: dict[str, DataFrame] = {}

@@ -11,7 +11,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import TimestampType
 
 from iterflow.body import IterationBody
-from iterflow.builder import Binding, IterationBuilder, at_least_one, check_progress_option
+from iterflow.builder import (
+    Binding,
+    IterationBuilder,
+    at_least_one,
+    check_progress_option,
+    keep_history_option,
+)
 from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
 from iterflow.runtime.checkpoint import CheckpointOptions
 from iterflow.runtime.driver_variables import driver_rows
@@ -100,6 +106,7 @@ class UnboundedIteration(IterationBuilder):
         progress_interval_s: float = 0.5,
         event_log_progress_s: float = 5.0,
         commit_interval_s: float | None = None,
+        keep_history: int | None = None,
     ) -> UnboundedQuery:
         """Start the streaming query; returns its handle at once.
 
@@ -127,6 +134,11 @@ class UnboundedIteration(IterationBuilder):
         "Commits that do not stall the loop"::
 
             .start(checkpoint_location=ckpt, commit_interval_s=5)
+
+        ``keep_history=N`` keeps the last N epochs' ``RoundProgress`` in ``query.history``
+        and in the epoch log (default None: the last 1,000, ``RECENT_EPOCHS``); the event
+        log is the full record. See docs/checkpoints.md, "How the history and the event
+        log grow".
         """
         check_progress_option(progress)
         _check_start(checkpoint_location, available_now, processing_time)
@@ -140,6 +152,7 @@ class UnboundedIteration(IterationBuilder):
             max_epochs_per_batch=at_least_one("max_epochs_per_batch", max_epochs_per_batch),
             driver_rows=driver_rows(active),
             commit_interval_s=interval,
+            keep_history=keep_history_option(keep_history),
             max_batches_behind=max(
                 1, int(active.conf.get(RETAINED_BATCHES_CONF, "100") or 100) // 2
             ),

@@ -49,8 +49,8 @@ class UnboundedQuery:
 
     @property
     def history(self) -> list[RoundProgress]:
-        """Per-epoch progress, oldest first (the most recent 1,000 epochs), like
-        ``IterationResult.history``."""
+        """Per-epoch progress, oldest first (the most recent ``keep_history`` epochs, 1,000
+        by default), like ``IterationResult.history``."""
         return list(self._loop.loop.history)
 
     @property
