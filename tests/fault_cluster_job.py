@@ -126,7 +126,7 @@ def from_log(path: str) -> dict[str, Any]:
         "rounds": len(ends),
         "epochs": sorted(ends),
         "rollbacks": [
-            {k: e.get(k) for k in ("failed_epoch", "to_epoch", "rounds_recomputed", "lost")}
+            {k: v for k, v in e.items() if k not in ("event", "time", "run_id")}
             for e in events
             if e["event"] == "rolled_back"
         ],
