@@ -93,7 +93,7 @@ class RoundScope(Protocol):
 
     def cache(self, df: DataFrame, lifecycle: Lifecycle) -> DataFrame: ...
 
-    def columnar(self, df: DataFrame, prepare: Any) -> Any: ...
+    def columnar(self, df: DataFrame, prepare: Any, resident: bool) -> Any: ...
 
     def window(self, df: DataFrame, window: Any, allowed_lateness: Any, **options: Any) -> Any: ...
 
@@ -124,14 +124,18 @@ class RoundContext:
         """Persist ``df`` until the end of this round or of the whole iteration."""
         return self._scope.cache(df, lifecycle)
 
-    def columnar(self, df: DataFrame, prepare: Callable[[Any], Any] | None = None) -> Any:
-        """``df`` as Arrow files that vectorized kernels read in place, every round.
+    def columnar(
+        self, df: DataFrame, prepare: Callable[[Any], Any] | None = None, *, resident: bool = True
+    ) -> Any:
+        """``df`` held where vectorized kernels read it in place, every round.
 
-        The first call for a plan (in practice: a data input) runs one job that
-        writes every partition, passed through ``prepare`` (a function of a
+        The first call for a plan (in practice: a data input) makes it resident in
+        long-running tasks where it can (see the guide, "Resident rounds"), or runs one
+        job that writes every partition, passed through ``prepare`` (a function of a
         ``pyarrow.Table`` returning one, e.g. to turn ids into array indices), as
         an Arrow file; later calls in the same iteration return the same
         ``ColumnarData``, and the files are deleted when the iteration ends.
+        ``resident=False`` always writes the files (``map(..., rows=...)`` needs them).
         ``ColumnarData.map(kernel, schema, *args)`` is a DataFrame of
         ``kernel(table, *args)`` over the files, one task each, with no data
         crossing from the JVM to Python::
@@ -139,7 +143,7 @@ class RoundContext:
             edges = ctx.columnar(edges_df)
             partial = edges.map(lambda t, r: ..., "total DOUBLE", ranks)
         """
-        return self._scope.columnar(df, prepare)
+        return self._scope.columnar(df, prepare, bool(resident))
 
     def window(
         self,

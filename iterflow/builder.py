@@ -29,6 +29,7 @@ class Binding:
     name: str
     data: Any  # a DataFrame, or rows/pandas to turn into one with the run's session
     replay: bool = False  # bounded: re-evaluate from the source every round
+    on_driver: bool = True  # bounded: a small variable may be held on the driver
     state: bool = False  # unbounded: a state variable, not work in flight
 
 

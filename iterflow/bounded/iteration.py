@@ -45,19 +45,24 @@ class BoundedIteration(IterationBuilder):
         super().__init__(iteration_body)
         self._conditions: list[Condition] = []
 
-    def bind(self, name: str, data: Any, *, replay: bool = False) -> BoundedIteration:
+    def bind(
+        self, name: str, data: Any, *, replay: bool = False, on_driver: bool = True
+    ) -> BoundedIteration:
         """Bind input ``name`` to a DataFrame (or rows / a pandas frame for the run's session).
 
         A variable's binding is its round-0 value. A data input is cached once and
         released at the end, unless ``replay=True``: then it is re-evaluated from
-        its source every round.
+        its source every round. ``on_driver=False`` keeps a variable in Spark in every
+        round, however few its rows (by default a variable of at most
+        ``spark.iterflow.driverRows`` rows is held on the driver): for rows that are
+        few but large, such as blocks of a vertex-state vector too big for the driver.
         """
         if isinstance(data, DataFrame) and data.isStreaming:
             raise IterflowValueError(
                 f"bind('{name}', ...): a BoundedIteration takes batch DataFrames, and this one "
                 "is streaming (spark.readStream); run it with itf.UnboundedIteration"
             )
-        self._bind(Binding(name, data, replay=bool(replay)))
+        self._bind(Binding(name, data, replay=bool(replay), on_driver=bool(on_driver)))
         return self
 
     def until(self, *conditions: Condition) -> BoundedIteration:
@@ -171,5 +176,6 @@ class BoundedIteration(IterationBuilder):
             sinks=self._sinks_by_output,
             spark=active,
             keep_history=kept,
+            in_spark={name for name, b in self._bindings.items() if not b.on_driver},
         )
         return loop.run()

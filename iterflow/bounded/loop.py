@@ -9,7 +9,7 @@ back to the last durable one when a round lost a local checkpoint block.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import attrs
@@ -49,6 +49,7 @@ class RoundLoop:
         sinks: Mapping[str, Sink],
         spark: SparkSession,
         keep_history: int | None = None,
+        in_spark: Collection[str] = (),
     ) -> None:
         self.body = body
         self.sinks = dict(sinks)
@@ -70,7 +71,7 @@ class RoundLoop:
         )
         self.residency = residency
         residency.on_decided = observers.flush_start
-        self.cycle = RoundCycle(self.loop, CacheRegistry(residency), driver_rows)
+        self.cycle = RoundCycle(self.loop, CacheRegistry(residency), driver_rows, in_spark)
         self.recovery = Recovery(self)
 
     def run(self) -> IterationResult:

@@ -40,6 +40,7 @@ from pyspark.sql import functions as F
 
 import iterflow as itf
 from iterflow.errors import raised_again
+from iterflow.graph import block_state
 from iterflow.graph.model import GraphError, as_graph, graph_result, with_column
 from iterflow.graph.vectors import (
     cell_values,
@@ -214,11 +215,130 @@ def vector_components_body(ids: pa.Array, messages: Any, active: Any) -> itf.Ite
     return components_vector
 
 
+# -- the block path: min-label propagation over label slices kept in Spark -------------
+
+#: A state row of the block path: block b's labels (the position of the smallest vertex
+#: heard of so far, so the smallest id: positions follow the ids) and which changed.
+LABEL_STATE = "block INT, label ARRAY<LONG>, moved ARRAY<BOOLEAN>"
+#: What a block sends: the smallest label it has for each touched offset of block ``to``;
+#: or (``self``) its own labels.
+LABEL_PARTIAL = "to INT, self BOOLEAN, index ARRAY<INT>, value ARRAY<LONG>"
+
+
+def smallest_per_offset(offsets: np.ndarray, labels: np.ndarray) -> tuple[Any, Any]:
+    """Each distinct offset once, with its smallest label."""
+    order = np.lexsort((labels, offsets))
+    offsets, labels = offsets[order], labels[order]
+    first = block_state.first_of_runs(offsets)
+    return offsets[first], labels[first]
+
+
+def label_send(blocks: int, messages: Any) -> block_state.Kernel:
+    """Kernel of a source block: the labels of its vertices that moved last round, sent
+    along their edges (an edge file sorted by source: a cost that follows them)."""
+
+    def send(table: pa.Table, rows: pa.Table) -> Any:
+        so, db, do = (table[c].to_numpy() for c in ("so", "db", "do"))
+        for s, row in block_state.rows_of(rows):
+            block_state.check_block(table, s)
+            label = block_state.values(row["label"], np.int64)
+            moved = block_state.values(row["moved"], np.bool_)
+            if moved.all():
+                at = np.arange(len(so))
+            else:
+                at = block_state.gathered(so, np.flatnonzero(moved))[0]
+            messages.inc(len(at))
+            heard, to_block, to_offset = label[so[at]], db[at], do[at]
+            for d, sel in enumerate(block_state.by_block(to_block, blocks)):
+                if len(sel):
+                    index, value = smallest_per_offset(to_offset[sel], heard[sel])
+                    yield block_state.sparse_row(d, False, index, value, pa.int64())
+            yield block_state.sparse_row(s, True, None, label, pa.int64())
+
+    return send
+
+
+def label_receive(active: Any) -> Any:
+    """Kernel of a destination block: every label lowered to the smallest one heard."""
+
+    def receive(batches: Any) -> Any:
+        for d, rows in block_state.grouped(batches):
+            old, heard = block_state.received(rows, np.int64)
+            new = old.copy()
+            for index, value in heard:
+                np.minimum.at(new, index, value)
+            moved = new < old
+            active.inc(int(moved.sum()))
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.array([d], pa.int32()),
+                    block_state.list_column([new], pa.int64()),
+                    block_state.list_column([moved], pa.bool_()),
+                ],
+                names=["block", "label", "moved"],
+            )
+
+    return receive
+
+
+def _block_components(
+    g: Any, n: int, blocks: int | None, max_rounds: int | None, listen: Any, run_options: Any
+) -> DataFrame:
+    spark = g.vertices.sparkSession
+    lay = block_state.layout(g.vertices, n, block_state.block_count(spark, n, 0, blocks))
+    starts, sizes = lay.starts, lay.sizes
+
+    def first(block: int) -> Any:
+        label = starts[block] + np.arange(sizes[block], dtype=np.int64)
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array([block], pa.int32()),
+                block_state.list_column([label], pa.int64()),
+                block_state.list_column([np.ones(sizes[block], dtype=bool)], pa.bool_()),
+            ],
+            names=["block", "label", "moved"],
+        )
+
+    prepare = block_state.edge_file("connected_components()", by_source=True, distinct=True)
+    send = label_send(lay.blocks, itf.metrics.counter("messages"))
+    receive = label_receive(itf.metrics.counter("active"))
+
+    @itf.body
+    def components_blocks(labels: DataFrame, edges: DataFrame, ctx: itf.RoundContext) -> Any:
+        files = ctx.columnar(edges, prepare, resident=False)
+        partials = files.map(send, LABEL_PARTIAL, rows=labels, by="block")
+        new_labels = lay.placed(partials, "to").mapInArrow(receive, LABEL_STATE)
+        return itf.Declaration(feedback={"labels": new_labels}, outputs={"labels": new_labels})
+
+    ends = g.edges.where(F.col("src") != F.col("dst")).select("src", "dst")
+    both = ends.unionByName(ends.select(F.col("dst").alias("src"), F.col("src").alias("dst")))
+    iteration = (
+        itf.BoundedIteration(components_blocks)
+        .bind("labels", lay.per_block(first, LABEL_STATE), on_driver=False)
+        .bind("edges", block_state.edge_rows(lay, both), replay=True)
+        .until(itf.until(lambda progress: progress.metrics.get("active") == 0))
+    )
+    if max_rounds is not None:
+        iteration = iteration.until(itf.max_rounds(max_rounds))
+    if listen is not None:
+        iteration = iteration.listen(listen)
+    try:
+        final = iteration.run(**run_options).outputs["labels"]
+    finally:
+        lay.release()
+    labelled = block_state.final_rows(lay, block_state.exploded(final, "label"))
+    smallest = lay.positions.select(
+        F.col("position").alias("label"), F.col("id").alias("component")
+    )
+    return labelled.join(smallest, "label").select("id", "component")
+
+
 def connected_components(
     graph: Any,
     *,
     max_rounds: int | None = None,
     method: str = "auto",
+    blocks: int | None = None,
     listen: Any = None,
     **run_options: Any,
 ) -> Any:
@@ -243,9 +363,13 @@ def connected_components(
         components = connected_components(Graph(vertices, edges))
     """
     g = as_graph(graph)
-    if choose_method("connected_components", method, g)[0] == "arrow":
+    method, n = choose_method("connected_components", method, g)
+    if method in ("arrow", "blocks"):
         with raised_again(GraphError):  # an edge to no vertex, found by a worker
-            components = _vector_components(g, max_rounds, listen, run_options)
+            if method == "arrow":
+                components = _vector_components(g, max_rounds, listen, run_options)
+            else:
+                components = _block_components(g, n, blocks, max_rounds, listen, run_options)
         return graph_result(graph, with_column(g.vertices, components, "component"))
     ends = g.edges.where(F.col("src") != F.col("dst"))
     iteration = (

@@ -35,6 +35,7 @@ from pyspark.sql import functions as F
 
 import iterflow as itf
 from iterflow.errors import raised_again
+from iterflow.graph import block_state
 from iterflow.graph.model import GraphError, as_graph, graph_result, with_column
 from iterflow.graph.vectors import (
     cell_values,
@@ -256,6 +257,171 @@ def vector_body(
     return pagerank_vector
 
 
+# -- the block path: the rank vector in B slices, kept in Spark --------------------------
+
+#: A state row of the block path: block b's ranks and the L1 change of them in the round
+#: that made them.
+RANK_STATE = "block INT, rank ARRAY<DOUBLE>, delta DOUBLE"
+#: What a block sends: a partial sum of the ranks of block ``to`` (null when no edge
+#: goes there) with the rank the sending block's dangling vertices hold; or (``self``)
+#: the sending block's own ranks, for the L1 change.
+RANK_PARTIAL = "to INT, self BOOLEAN, value ARRAY<DOUBLE>, dangling DOUBLE"
+
+
+def _rank_row(to: int, itself: bool, value: np.ndarray | None, dangling: float) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([to], pa.int32()),
+            pa.array([itself]),
+            block_state.list_column([value], pa.float64()),
+            pa.array([float(dangling)]),
+        ],
+        names=["to", "self", "value", "dangling"],
+    )
+
+
+def rank_send(sizes: tuple[int, ...], keep_dangling: bool, messages: Any) -> block_state.Kernel:
+    """Kernel of a source block: its edges' contributions to every destination block."""
+
+    def send(table: pa.Table, rows: pa.Table) -> Any:
+        so, db, do = (table[c].to_numpy() for c in ("so", "db", "do"))
+        share = table["share"].to_numpy()
+        first = table["first"].to_numpy(zero_copy_only=False)
+        bounds = block_state.block_bounds(db, len(sizes))
+        for s, row in block_state.rows_of(rows):
+            block_state.check_block(table, s)
+            rank = block_state.values(row["rank"], np.float64)
+            messages.inc(len(so))
+            weights = rank[so] * share
+            dangling = rank.sum() - rank[so[first]].sum() if keep_dangling else 0.0
+            for d, size in enumerate(sizes):
+                a, b = bounds[d], bounds[d + 1]
+                part = np.bincount(do[a:b], weights[a:b], minlength=size) if b > a else None
+                yield _rank_row(d, False, part, dangling)
+            yield _rank_row(s, True, rank, 0.0)
+
+    return send
+
+
+def rank_receive(
+    alpha: float, n: int, sizes: tuple[int, ...], teleports: dict[int, tuple[Any, Any]] | None
+) -> Callable[[Any], Any]:
+    """Kernel of a destination block: the next ranks from the partials (``teleports``: the
+    personalization's offsets and weights per block, else uniform)."""
+
+    def receive(batches: Any) -> Any:
+        for d, rows in block_state.grouped(batches):
+            spread = np.zeros(sizes[d])
+            old, dangling = spread, 0.0
+            for i in range(rows.num_rows):
+                value = block_state.values(rows["value"][i], np.float64)
+                if rows["self"][i].as_py():
+                    old = value
+                    continue
+                dangling += float(rows["dangling"][i].as_py())
+                if len(value):
+                    spread += value
+            if teleports is None:
+                teleport = np.full(sizes[d], 1.0 / n)
+            else:
+                teleport = np.zeros(sizes[d])
+                offsets, weights = teleports.get(d, ((), ()))
+                teleport[np.asarray(offsets, dtype=np.int64)] = weights
+            new = alpha * (spread + dangling * teleport) + (1.0 - alpha) * teleport
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.array([d], pa.int32()),
+                    block_state.list_column([new], pa.float64()),
+                    pa.array([float(np.abs(new - old).sum())]),
+                ],
+                names=["block", "rank", "delta"],
+            )
+
+    return receive
+
+
+def block_body(
+    lay: block_state.Layout,
+    alpha: float,
+    tol: float | None,
+    teleports: dict[int, tuple[Any, Any]] | None,
+    graphx: bool = False,
+) -> itf.IterationBody:
+    """PageRank on rank slices: each round, every source block's edges (Arrow files read
+    in place) send partial rank sums to the destination blocks, which add them up.
+    ``RoundProgress.metrics["messages"]`` counts the edges that carried rank."""
+    prepare = block_state.edge_file("pagerank()", by_source=False, distinct=not graphx)
+    send = rank_send(lay.sizes, not graphx, itf.metrics.counter("messages"))
+    receive = rank_receive(alpha, lay.vertices, lay.sizes, teleports)
+
+    @itf.body
+    def pagerank_blocks(ranks: DataFrame, edges: DataFrame, ctx: itf.RoundContext) -> Any:
+        files = ctx.columnar(edges, prepare, resident=False)
+        partials = files.map(send, RANK_PARTIAL, rows=ranks, by="block")
+        new_ranks = lay.placed(partials, "to").mapInArrow(receive, RANK_STATE)
+        change = new_ranks.agg(F.coalesce(F.sum("delta"), F.lit(0.0)))
+        return itf.Declaration(
+            feedback={"ranks": new_ranks},
+            outputs={"ranks": new_ranks},
+            until=itf.converged(change, tol) if tol is not None else None,
+        )
+
+    return pagerank_blocks
+
+
+def _block_teleports(
+    lay: block_state.Layout, personalization: dict[Any, float] | None
+) -> dict[int, tuple[Any, Any]] | None:
+    """The personalization's weights (normalized) by block: offsets and weights."""
+    if personalization is None:
+        return None
+    _check_weights(personalization.values())
+    spark = lay.positions.sparkSession
+    id_type = lay.positions.schema["id"].dataType.simpleString()
+    asked = spark.createDataFrame(
+        [(k, float(w)) for k, w in personalization.items()], f"id {id_type}, weight DOUBLE"
+    )
+    found = asked.join(lay.positions, "id").select("id", "block", "offset", "weight").collect()
+    known = {r["id"] for r in found}
+    unknown = [v for v in personalization if v not in known]
+    if unknown:
+        raise GraphError(
+            f"pagerank(personalization=...) names vertices that are not in the graph: {unknown[:5]}"
+        )
+    total = sum(r["weight"] for r in found)
+    by: dict[int, tuple[list[int], list[float]]] = {}
+    for r in found:
+        offsets, shares = by.setdefault(int(r["block"]), ([], []))
+        offsets.append(int(r["offset"]))
+        shares.append(float(r["weight"]) / total)
+    return {b: (np.asarray(o), np.asarray(w)) for b, (o, w) in by.items()}
+
+
+def _first_ranks(
+    lay: block_state.Layout, teleports: dict[int, tuple[Any, Any]] | None
+) -> block_state.Kernel:
+    """The ranks of round 0, block by block: 1/n each, or the personalization."""
+    sizes, n = lay.sizes, lay.vertices
+
+    def first(block: int) -> Any:
+        if teleports is None:
+            rank = np.full(sizes[block], 1.0 / n)
+        else:
+            rank = np.zeros(sizes[block])
+            offsets, weights = teleports.get(block, ((), ()))
+            rank[np.asarray(offsets, dtype=np.int64)] = weights
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array([block], pa.int32()),
+                block_state.list_column([rank], pa.float64()),
+                pa.array([0.0]),
+            ],
+            names=["block", "rank", "delta"],
+        )
+
+    return first
+
+
 def _teleport(ids: pa.Array, personalization: dict[Any, float] | None) -> np.ndarray:
     n = len(ids)
     if personalization is None:
@@ -267,13 +433,18 @@ def _teleport(ids: pa.Array, personalization: dict[Any, float] | None) -> np.nda
         raise GraphError(
             f"pagerank(personalization=...) names vertices that are not in the graph: {unknown[:5]}"
         )
+    _check_weights(personalization.values())
     for at, weight in zip(positions, personalization.values(), strict=True):
         weights[at] += float(weight)
-    if (weights < 0).any() or weights.sum() <= 0:
-        raise GraphError(
-            "pagerank(personalization=...) needs non-negative weights with a positive sum"
-        )
     return weights / weights.sum()
+
+
+def _check_weights(weights: Any) -> None:
+    given = np.asarray([float(w) for w in weights])
+    if not np.isfinite(given).all() or (given < 0).any() or given.sum() <= 0:
+        raise GraphError(
+            "pagerank(personalization=...) needs finite, non-negative weights with a positive sum"
+        )
 
 
 def pagerank(
@@ -285,6 +456,7 @@ def pagerank(
     personalization: dict[Any, float] | None = None,
     normalization: str = "networkx",
     method: str = "auto",
+    blocks: int | None = None,
     listen: Any = None,
     **run_options: Any,
 ) -> Any:
@@ -321,7 +493,18 @@ def pagerank(
     method, n = choose_method("pagerank", method, g)
     if n == 0:
         raise GraphError("pagerank() needs at least one vertex; the vertices are empty")
-    if method == "arrow":
+    lay = None
+    if method == "blocks":
+        lay = block_state.layout(g.vertices, n, block_state.block_count(spark, n, 0, blocks))
+        teleports = _block_teleports(lay, personalization)
+        start = lay.per_block(_first_ranks(lay, teleports), RANK_STATE)
+        iteration = (
+            itf.BoundedIteration(block_body(lay, alpha, tol, teleports, graphx=graphx))
+            .bind("ranks", start, on_driver=False)
+            .bind("edges", block_state.edge_rows(lay, g.edges), replay=True)
+            .until(itf.max_rounds(max_rounds))
+        )
+    elif method == "arrow":
         ids = vertex_ids(g)
         teleport = _teleport(ids, personalization)
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 8)
@@ -353,8 +536,14 @@ def pagerank(
         )
     if listen is not None:
         iteration = iteration.listen(listen)
-    with raised_again(GraphError):  # an edge to no vertex, found by a worker
-        final = iteration.run(**run_options).outputs["ranks"]
+    try:
+        with raised_again(GraphError):  # an edge to no vertex, found by a worker
+            final = iteration.run(**run_options).outputs["ranks"]
+        if lay is not None:
+            final = block_state.final_rows(lay, block_state.exploded(final, "rank"))
+    finally:
+        if lay is not None:
+            lay.release()
     if method == "arrow":
         vector = cell_values(final.toArrow().column("rank"))
         final = spark.createDataFrame(pa.table({"id": ids, "rank": vector}))

@@ -12,13 +12,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import LongType, StructField, StructType
 
 import iterflow as itf
-from iterflow.graph.model import GraphError, as_graph, checked, graph_result
+from iterflow.errors import raised_again
+from iterflow.graph import block_state
+from iterflow.graph.model import GraphError, as_graph, checked, graph_result, with_column
 from iterflow.graph.pregel import Pregel, PregelProgram
+from iterflow.graph.vectors import choose_method
 
 
 @itf.body
@@ -48,8 +53,159 @@ def settle_next_ring(
     )
 
 
+# -- the block path: breadth-first from every landmark, along reversed edges ----------
+
+#: A state row of the block path: the distances of block b's vertices to every landmark
+#: (vertex-major, -1 while unreached) and which were reached last round (the frontier).
+DISTANCE_STATE = "block INT, distance ARRAY<INT>, fresh ARRAY<BOOLEAN>"
+#: What a block sends: (vertex offset * landmarks + landmark) of block ``to`` and the
+#: distance offered; or (``self``) its own distances.
+DISTANCE_PARTIAL = "to INT, self BOOLEAN, index ARRAY<INT>, value ARRAY<INT>"
+
+
+def ring_send(blocks: int, marks: int, messages: Any) -> block_state.Kernel:
+    """Kernel of a block: the frontier offers distance + 1 to its vertices' predecessors
+    (the edges of the file are reversed and sorted by source: a cost that follows the
+    frontier)."""
+
+    def send(table: pa.Table, rows: pa.Table) -> Any:
+        so, db, do = (table[c].to_numpy() for c in ("so", "db", "do"))
+        for s, row in block_state.rows_of(rows):
+            block_state.check_block(table, s)
+            distance = block_state.values(row["distance"], np.int32)
+            fresh = np.flatnonzero(block_state.values(row["fresh"], np.bool_))
+            at, owner = block_state.gathered(so, fresh // marks)
+            messages.inc(len(at))
+            index = do[at].astype(np.int64) * marks + fresh[owner] % marks
+            offered = distance[fresh[owner]] + 1
+            for d, sel in enumerate(block_state.by_block(db[at], blocks)):
+                if len(sel):
+                    # one round offers one distance: the frontier's + 1
+                    index_d, first = np.unique(index[sel], return_index=True)
+                    value = offered[sel][first]
+                    yield block_state.sparse_row(d, False, index_d, value, pa.int32())
+            yield block_state.sparse_row(s, True, None, distance, pa.int32())
+
+    return send
+
+
+def ring_receive(active: Any) -> Any:
+    """Kernel of a destination block: the pairs reached for the first time settle."""
+
+    def receive(batches: Any) -> Any:
+        for d, rows in block_state.grouped(batches):
+            old, heard = block_state.received(rows, np.int32)
+            new = old.copy()
+            for index, value in heard:
+                new_here = new[index] < 0
+                new[index[new_here]] = value[new_here]
+            fresh = (old < 0) & (new >= 0)
+            active.inc(int(fresh.sum()))
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.array([d], pa.int32()),
+                    block_state.list_column([new], pa.int32()),
+                    block_state.list_column([fresh], pa.bool_()),
+                ],
+                names=["block", "distance", "fresh"],
+            )
+
+    return receive
+
+
+def _per_vertex(marks: int) -> Any:
+    """Final rows: ``block``, ``offset`` and the vertex's distances to every landmark."""
+
+    def split(batches: Any) -> Any:
+        for batch in batches:
+            for b, row in block_state.rows_of(pa.Table.from_batches([batch])):
+                distance = block_state.values(row["distance"], np.int32)
+                size = len(distance) // marks
+                yield pa.RecordBatch.from_arrays(
+                    [
+                        pa.array(np.full(size, b, dtype=np.int32)),
+                        pa.array(np.arange(size, dtype=np.int32)),
+                        pa.ListArray.from_arrays(
+                            pa.array(np.arange(size + 1, dtype=np.int32) * marks),
+                            pa.array(distance),
+                        ),
+                    ],
+                    names=["block", "offset", "distance"],
+                )
+
+    return split
+
+
+def _block_paths(
+    g: Any, n: int, chosen: list[Any], blocks: int | None, listen: Any, run_options: Any
+) -> DataFrame:
+    spark = g.vertices.sparkSession
+    lay = block_state.layout(g.vertices, n, block_state.block_count(spark, n, 0, blocks))
+    id_type = g.vertices.schema["id"].dataType
+    asked = spark.createDataFrame(
+        [(m, i) for i, m in enumerate(chosen)],
+        StructType([StructField("id", id_type), StructField("mark", LongType())]),
+    )
+    found = asked.join(lay.positions, "id").select("block", "offset", "mark").collect()
+    starting: dict[int, list[tuple[int, int]]] = {}
+    for r in found:
+        starting.setdefault(int(r["block"]), []).append((int(r["offset"]), int(r["mark"])))
+    marks, sizes = len(chosen), lay.sizes
+
+    def first(block: int) -> Any:
+        distance = np.full(sizes[block] * marks, -1, dtype=np.int32)
+        for offset, mark in starting.get(block, []):
+            distance[offset * marks + mark] = 0
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array([block], pa.int32()),
+                block_state.list_column([distance], pa.int32()),
+                block_state.list_column([distance == 0], pa.bool_()),
+            ],
+            names=["block", "distance", "fresh"],
+        )
+
+    prepare = block_state.edge_file("shortest_paths()", by_source=True, distinct=True)
+    send = ring_send(lay.blocks, marks, itf.metrics.counter("messages"))
+    receive = ring_receive(itf.metrics.counter("active"))
+
+    @itf.body
+    def shortest_paths_blocks(distances: DataFrame, edges: DataFrame, ctx: itf.RoundContext) -> Any:
+        files = ctx.columnar(edges, prepare, resident=False)
+        partials = files.map(send, DISTANCE_PARTIAL, rows=distances, by="block")
+        new = lay.placed(partials, "to").mapInArrow(receive, DISTANCE_STATE)
+        return itf.Declaration(feedback={"distances": new}, outputs={"distances": new})
+
+    iteration = (
+        itf.BoundedIteration(shortest_paths_blocks)
+        .bind("distances", lay.per_block(first, DISTANCE_STATE), on_driver=False)
+        .bind("edges", block_state.edge_rows(lay, g.edges, reverse=True), replay=True)
+        .until(itf.until(lambda progress: progress.metrics.get("active") == 0))
+    )
+    if listen is not None:
+        iteration = iteration.listen(listen)
+    try:
+        final = iteration.run(**run_options).outputs["distances"]
+    finally:
+        lay.release()
+    rows = final.mapInArrow(_per_vertex(marks), "block INT, offset INT, distance ARRAY<INT>")
+    landmarks = F.array(*(F.lit(m).cast(id_type) for m in chosen))
+    pairs = F.zip_with(
+        landmarks, F.col("distance"), lambda m, d: F.struct(m.alias("key"), d.alias("value"))
+    )
+    return block_state.final_rows(lay, rows).select(
+        "id", F.map_from_entries(F.filter(pairs, lambda p: p["value"] >= 0)).alias("distances")
+    )
+
+
 def shortest_paths(
-    graph: Any, landmarks: Iterable[Any], *, listen: Any = None, **run_options: Any
+    graph: Any,
+    landmarks: Iterable[Any],
+    *,
+    method: str = "auto",
+    blocks: int | None = None,
+    listen: Any = None,
+    **run_options: Any,
 ) -> Any:
     """The vertices of ``graph`` with ``distances``: a map from each landmark that the vertex
     can reach along the edges to the number of edges on the shortest path (empty when none).
@@ -67,7 +223,11 @@ def shortest_paths(
     chosen = list(landmarks)
     if not chosen:
         raise GraphError("shortest_paths(landmarks=...) needs at least one landmark id")
-    checked(g, "shortest_paths()")
+    method, n = choose_method("shortest_paths", method, g, below_limit="dataframe")
+    if method == "blocks":
+        with raised_again(GraphError):  # an edge to no vertex, found by a worker
+            found = _block_paths(g, n, list(dict.fromkeys(chosen)), blocks, listen, run_options)
+        return graph_result(graph, with_column(g.vertices, found, "distances"))
     id_type = g.vertices.schema["id"].dataType
     marks = g.vertices.sparkSession.createDataFrame(
         [(m,) for m in chosen], StructType([StructField("landmark", id_type)])

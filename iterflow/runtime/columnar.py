@@ -35,11 +35,12 @@ from typing import Any
 
 import attrs
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import IntegerType, StructType
 
-from iterflow.errors import IterflowError, IterflowTypeError
+from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
 from iterflow.runtime.jvm import semantic_hash, spark_context
 from iterflow.runtime.schema import map_in_arrow
 
@@ -182,9 +183,13 @@ class KernelCall:
     declared: pa.Schema  # the Arrow schema of the kernel's declared output
     numbered: bool  # number the outputs by partition (FILE_COLUMN), for a combine
 
-    def outputs(self, index: int, table: pa.Table) -> Iterator[pa.RecordBatch]:
-        """The kernel's record batches for partition ``index``, held in ``table``."""
-        kernel, args = self.kernel, self.args
+    def outputs(
+        self, index: int, table: pa.Table, rows: pa.Table | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        """The kernel's record batches for partition ``index``, held in ``table``; ``rows``
+        (``map(..., rows=...)``) come after the table."""
+        args = self.args if rows is None else (rows, *self.args)
+        kernel = self.kernel
         result = kernel(index, table, *args) if self.indexed else kernel(table, *args)
         for out in _batches(result):
             out = _conform(out, self.declared)
@@ -298,6 +303,8 @@ class ColumnarData:
         indexed: bool = False,
         combine: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]] | None = None,
         combine_schema: StructType | str | None = None,
+        rows: DataFrame | None = None,
+        by: str | None = None,
     ) -> DataFrame:
         """A DataFrame of ``kernel(table, *args)`` over every file.
 
@@ -314,6 +321,11 @@ class ColumnarData:
         partials into a model, say. The kernels still run in parallel (a shuffle
         brings their small outputs together; ``coalesce(1)`` would run them one
         after another in that one task).
+
+        ``rows=df, by=column`` runs the kernels in ``df``'s tasks instead, over its rows
+        (which stay in Spark: a vertex-state block, say): each file number found in
+        ``df[column]`` is one call ``kernel(table, rows, *args)``, ``rows`` being those
+        rows of the task as a ``pyarrow.Table``. Files no row names are not read.
         """
         if combine is not None and combine_schema is None:
             raise IterflowTypeError("map(combine=...) needs combine_schema= as well")
@@ -322,6 +334,8 @@ class ColumnarData:
         declared = _declared_arrow_schema(self.spark, schema)
 
         call = KernelCall(kernel, args, indexed, declared, numbered)
+        if rows is not None or by is not None:
+            return self._map_rows(call, schema, rows, by)
 
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for batch in batches:
@@ -336,6 +350,37 @@ class ColumnarData:
         in_order = in_file_order(combine)
         combined = mapped.repartition(1).mapInArrow(in_order, combine_schema)  # type: ignore[arg-type]
         return mark_combined(combined, mapped, in_order)
+
+    def _map_rows(
+        self, call: KernelCall, schema: StructType | str, rows: DataFrame | None, by: str | None
+    ) -> DataFrame:
+        if call.numbered:
+            raise IterflowTypeError("map(rows=...) takes no combine=: combine its result instead")
+        if not isinstance(rows, DataFrame) or by is None:
+            raise IterflowTypeError("map(rows=..., by=...) needs both: a DataFrame and a column")
+        if by not in rows.columns:
+            raise IterflowValueError(
+                f"map(by='{by}'): the rows have no such column; their columns are {rows.columns}"
+            )
+        locations = self.locations
+        position = rows.columns.index(by)
+
+        def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            received = list(batches)
+            if not received:
+                return
+            table = pa.Table.from_batches(received)
+            numbers = pc.unique(table.column(position)).to_pylist()
+            for index in sorted(n for n in numbers if n is not None):
+                if not 0 <= index < len(locations):
+                    raise IterflowValueError(
+                        f"map(by='{by}'): a row names file {index}, and there are "
+                        f"{len(locations)} (0 to {len(locations) - 1})"
+                    )
+                mine = table.filter(pc.equal(table.column(position), index))
+                yield from call.outputs(index, _open(locations[index]), mine)
+
+        return map_in_arrow(rows, run, schema)
 
     def release(self) -> None:
         """Delete the files (driver side)."""

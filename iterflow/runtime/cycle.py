@@ -247,10 +247,16 @@ class RoundCycle:
     """The rounds of one run: what each round holds in Spark and on the driver, and the
     steps every round goes through (see the module's docstring)."""
 
-    def __init__(self, loop: LoopState, caches: CacheRegistry, driver_rows: int) -> None:
+    def __init__(
+        self,
+        loop: LoopState,
+        caches: CacheRegistry,
+        driver_rows: int,
+        in_spark: Collection[str] = (),
+    ) -> None:
         self.loop = loop
         self.caches = caches
-        self.variables = DriverVariables(driver_rows)
+        self.variables = DriverVariables(driver_rows, frozenset(in_spark))
         # Live checkpoints: the previous round's, then the current round's.
         self.held: list[DataFrame] = []
         # Inputs iterflow persisted at the start (data inputs and the variables' first values).

@@ -57,6 +57,7 @@ class DriverVariables:
     """Which variables a round holds on the driver, from the rows of the previous round."""
 
     limit: int  # variables up to this many rows live on the driver
+    in_spark: frozenset[str] = frozenset()  # bound with on_driver=False: never held here
     rows: dict[str, int] = attrs.Factory(dict)  # of each variable in the previous round
     tables: dict[str, pa.Table] = attrs.Factory(dict)  # of those held on the driver
 
@@ -78,7 +79,8 @@ class DriverVariables:
         return [
             name
             for name in names
-            if self.rows.get(name, self.limit + 1) <= self.limit
+            if name not in self.in_spark
+            and self.rows.get(name, self.limit + 1) <= self.limit
             and (name not in self.tables or self.tables[name].nbytes <= DRIVER_BYTES)
         ]
 

@@ -552,10 +552,18 @@ class ResidentData:
         indexed: bool = False,
         combine: Combine | None = None,
         combine_schema: StructType | str | None = None,
+        rows: DataFrame | None = None,
+        by: str | None = None,
     ) -> DataFrame:
         """``ColumnarData.map`` on the resident partitions: the kernels run in the resident
         tasks now, and the result is a local DataFrame over what they returned (combined
         on the driver with ``combine``, in partition order)."""
+        if rows is not None or by is not None:
+            raise IterflowValueError(
+                "map(rows=...) reads the data's files in the rows' own tasks, and this data is "
+                "resident in long-running tasks instead: make it with "
+                "ctx.columnar(df, prepare, resident=False)"
+            )
         from pyspark import cloudpickle
 
         if combine is not None and combine_schema is None:
@@ -702,6 +710,11 @@ class ResidentPolicy:
         self.loaded.append(data)
         self._decide(Residency("resident"))
         return data
+
+    def decline(self, reason: str) -> None:
+        """Data that asked not to be resident: the run's mode is jobs, for ``reason``,
+        unless data was made resident before."""
+        self._decide(Residency("jobs", reason))
 
     def _resident(self, df: DataFrame, prepare: Prepare | None) -> ResidentData:
         context = self.spark.sparkContext

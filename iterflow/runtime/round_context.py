@@ -36,13 +36,27 @@ class CacheRegistry:
         self._columnar: dict[int, ColumnarData | ResidentData] = {}
         self.residency = residency
 
-    def columnar(self, df: DataFrame, prepare: Prepare | None) -> ColumnarData | ResidentData:
-        """``df`` resident or as Arrow files, at the first call for its plan in this iteration."""
+    def columnar(
+        self, df: DataFrame, prepare: Prepare | None, resident: bool = True
+    ) -> ColumnarData | ResidentData:
+        """``df`` resident or as Arrow files, at the first call for its plan in this iteration;
+        always as files with ``resident=False``."""
         key = plan_key(df)
         if key not in self._columnar:
-            resident = self.residency.load(df, prepare) if self.residency is not None else None
-            self._columnar[key] = resident or ColumnarData.write(df, prepare)
-        return self._columnar[key]
+            loaded = None
+            if self.residency is not None:
+                if resident:
+                    loaded = self.residency.load(df, prepare)
+                else:
+                    self.residency.decline("ctx.columnar(..., resident=False) asked for files")
+            self._columnar[key] = loaded or ColumnarData.write(df, prepare)
+        data = self._columnar[key]
+        if not resident and isinstance(data, ResidentData):
+            raise IterflowValueError(
+                "ctx.columnar(..., resident=False): this DataFrame was made resident by an "
+                "earlier ctx.columnar call in the run; pass resident=False there too"
+            )
+        return data
 
     @property
     def resident_calls(self) -> int:
@@ -113,7 +127,9 @@ class SparkRoundScope:
             raise IterflowTypeError(f"cache() takes a DataFrame, got {type(df).__name__}")
         return self._caches.cache(df, lifecycle)
 
-    def columnar(self, df: DataFrame, prepare: Prepare | None) -> ColumnarData | ResidentData:
+    def columnar(
+        self, df: DataFrame, prepare: Prepare | None, resident: bool = True
+    ) -> ColumnarData | ResidentData:
         if not isinstance(df, DataFrame):
             raise IterflowTypeError(f"columnar() takes a DataFrame, got {type(df).__name__}")
         reserved = [c for c in df.columns if c.startswith(RESERVED_PREFIX)]
@@ -123,7 +139,7 @@ class SparkRoundScope:
                 f"own columns (names starting with '{RESERVED_PREFIX}', which columnar data "
                 "adds to the rows it holds); rename it or drop it before ctx.columnar"
             )
-        return self._caches.columnar(df, prepare)
+        return self._caches.columnar(df, prepare, resident)
 
     def observed(self) -> dict[str, int | None]:
         await_observations(list(self._observations.values()))

@@ -1,0 +1,346 @@
+"""Block-partitioned vertex state ("blocks"): graphs whose vertex state does not fit on
+the driver, at the speed of numpy kernels.
+
+The vertices, in the order of their ids, are split into B ranges (*blocks*). A vertex's
+*position* is its rank in that order, and within its block its *offset*; vertex state is
+B rows of a variable, each holding the arrays of one block (a *slice*), kept in Spark
+(``bind(..., on_driver=False)``) and checkpointed every round like any variable. The
+edges are joined once with the positions, grouped by source block into one Arrow file
+per block (``ctx.columnar(..., resident=False)``) and sorted there by destination
+block, so each file holds the edge blocks (source block, destination block) of one
+source block. A round is one Spark job of two stages:
+
+1. *send*: each state row meets the file of its block (``map(..., rows=state)``), in
+   the task that holds the row: a numpy kernel turns the slice and the edges into one
+   partial slice per destination block (dense, or the touched offsets only), plus the
+   row itself;
+2. *receive*: the partials go to the task of their destination block (a shuffle of
+   at most B² arrays, fewer when blocks have no edges between them), where a numpy
+   kernel combines them with the old slice into the new state row.
+
+This is the block-matrix scheme of MLlib's ``BlockMatrix.multiply`` and GraphX's 2D
+edge partitioning: nothing proportional to the number of vertices reaches the driver;
+it holds B sizes and, per round, the counts of its metrics.
+
+B: at least the task slots (every stage uses every core), enough that a block holds at
+most ``BLOCK_VERTICES`` vertices and its file at most ``BLOCK_EDGES`` edges, and a
+multiple of the slots, so that the tasks of a stage come out even.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.errors import PySparkNotImplementedError
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from iterflow.graph.model import GraphError, stray_ends
+
+#: At most this many vertices in a block (a slice of doubles: 32 MiB).
+BLOCK_VERTICES = 1 << 22
+#: At most this many edges in a block's file (about 320 MiB for PageRank's columns).
+BLOCK_EDGES = 1 << 24
+#: Sampled ids per block, from which the block boundaries are picked.
+SAMPLE_PER_BLOCK = 64
+
+Kernel = Callable[..., Iterator[pa.RecordBatch]]
+
+
+def task_slots(spark: SparkSession) -> int:
+    """Tasks that run at once: Spark's default parallelism (over Spark Connect, which has
+    no SparkContext, ``spark.default.parallelism`` or else 2)."""
+    try:
+        return max(int(spark.sparkContext.defaultParallelism), 1)
+    except PySparkNotImplementedError:
+        return max(int(spark.conf.get("spark.default.parallelism", None) or 2), 1)
+
+
+def block_count(spark: SparkSession, vertices: int, edges: int, blocks: int | None) -> int:
+    """B: ``blocks`` when given (checked), else chosen as the module says."""
+    if blocks is not None:
+        if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
+            raise GraphError(f"blocks={blocks!r}: give a number of blocks of at least 1")
+        return blocks
+    slots = task_slots(spark)
+    needed = max(slots, -(-vertices // BLOCK_VERTICES), -(-edges // BLOCK_EDGES))
+    return -(-needed // slots) * slots
+
+
+@attrs.frozen
+class Layout:
+    """Where every vertex is: ``positions`` has ``id``, ``block``, ``offset`` and
+    ``position`` (persisted until ``release``); block b holds ``sizes[b]`` vertices,
+    positions ``starts[b]`` on."""
+
+    blocks: int
+    sizes: tuple[int, ...]
+    keys: tuple[int, ...]  # repartition(blocks, keys[b]) puts block b in partition b
+    positions: DataFrame
+
+    @property
+    def starts(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in np.concatenate([[0], np.cumsum(self.sizes)[:-1]]))
+
+    @property
+    def vertices(self) -> int:
+        return int(sum(self.sizes))
+
+    def placed(self, df: DataFrame, block: str = "block") -> DataFrame:
+        """``df`` in ``blocks`` partitions, the rows of block b (column ``block``) in the b-th."""
+        keys = F.array(*(F.lit(k).cast("bigint") for k in self.keys))  # hashed as bigint
+        return df.repartition(self.blocks, F.element_at(keys, F.col(block) + 1))
+
+    def per_block(self, kernel: Kernel, schema: str) -> DataFrame:
+        """One row per block made by ``kernel(block)`` (a batch), in the block's partition:
+        a first state that reads no vertex data."""
+        spark = self.positions.sparkSession
+
+        def make(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                for block in batch.column(0).to_pylist():
+                    yield from kernel(int(block))
+
+        numbers = spark.range(0, self.blocks, 1, max(min(self.blocks, 64), 1))
+        return self.placed(
+            numbers.select(F.col("id").cast("int").alias("block")).mapInArrow(make, schema)
+        )
+
+    def release(self) -> None:
+        self.positions.unpersist()
+
+
+def _placement_keys(spark: SparkSession, blocks: int) -> tuple[int, ...]:
+    """For each b, a bigint that Spark's hash partitioning into ``blocks`` partitions sends to
+    partition b (one small job): the first of 0, 1, 2... that lands there."""
+    span = 64 * blocks
+    while True:
+        found = (
+            spark.range(0, span)
+            .select("id", F.expr(f"pmod(hash(id), {blocks})").alias("partition"))
+            .groupBy("partition")
+            .agg(F.min("id").alias("key"))
+            .collect()
+        )
+        keys = {int(r["partition"]): int(r["key"]) for r in found}
+        if len(keys) == blocks:
+            return tuple(keys[b] for b in range(blocks))
+        span *= 16
+
+
+def layout(vertices: DataFrame, n: int, blocks: int) -> Layout:
+    """The ``Layout`` of ``vertices`` (``id`` unique, not null, ``n`` of them) in ``blocks``.
+
+    The boundaries between blocks are ids picked from a seeded sample (sorted by Spark,
+    so in Spark's order of the id type), so the layout is the same every time it is
+    computed: a lost cache or a resumed run finds every vertex where it was.
+    """
+    spark = vertices.sparkSession
+    ids = vertices.select("id")
+    id_type = ids.schema["id"].dataType
+    bounds: list[Any] = []
+    if blocks > 1 and n > 0:
+        fraction = min(1.0, SAMPLE_PER_BLOCK * blocks * 1.5 / n)
+        sample = [r[0] for r in ids.sample(fraction=fraction, seed=0).sort("id").collect()]
+        bounds = [sample[len(sample) * k // blocks] for k in range(1, blocks)] if sample else []
+    if bounds:
+        edges = F.array(*(F.lit(b).cast(id_type) for b in bounds))
+        block = F.size(F.filter(edges, lambda bound: bound <= F.col("id")))
+    else:
+        block = F.lit(0)
+    ranked = ids.select("id", block.cast("int").alias("block")).withColumn(
+        "offset", (F.row_number().over(Window.partitionBy("block").orderBy("id")) - 1).cast("int")
+    )
+    counts = {int(r["block"]): int(r["count"]) for r in ranked.groupBy("block").count().collect()}
+    sizes = tuple(counts.get(b, 0) for b in range(blocks))
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).tolist()
+    first = F.array(*(F.lit(int(s)) for s in starts))
+    positions = ranked.withColumn(
+        "position", F.element_at(first, F.col("block") + 1).cast("long") + F.col("offset")
+    ).persist()
+    return Layout(blocks, sizes, _placement_keys(spark, blocks), positions)
+
+
+def edge_rows(
+    lay: Layout, edges: DataFrame, *, reverse: bool = False, columns: tuple[str, ...] = ()
+) -> DataFrame:
+    """``edges`` with the block and offset of both ends (``sb``, ``so``, ``db``, ``do``;
+    null for an end that is no vertex), in the partition of their source block; with
+    ``reverse`` every edge is turned around. ``columns`` are kept as they are."""
+    src, dst = ("dst", "src") if reverse else ("src", "dst")
+    ends = edges.select(
+        F.col(src).alias("src"), F.col(dst).alias("dst"), *(F.col(c) for c in columns)
+    )
+    at = lay.positions
+
+    def end(name: str, block: str, offset: str) -> DataFrame:
+        return at.select(
+            F.col("id").alias(name), F.col("block").alias(block), F.col("offset").alias(offset)
+        )
+
+    joined = ends.join(end("src", "sb", "so"), "src", "left").join(
+        end("dst", "db", "do"), "dst", "left"
+    )
+    return lay.placed(joined, "sb")
+
+
+def edge_file(
+    who: str, *, by_source: bool, distinct: bool, columns: tuple[str, ...] = ()
+) -> Callable[[pa.Table], pa.Table]:
+    """A ``columnar`` prepare step for one source block's edges (``edge_rows``): a
+    ``GraphError`` for an end that is no vertex; self-loops kept; duplicates dropped with
+    ``distinct``; sorted by source offset (``by_source``) or by destination block; the
+    columns ``so``, ``db``, ``do`` (int32), ``columns``, and for the kernels of PageRank
+    ``share`` (1 / the source's out-degree) and ``first`` (the source's first edge)."""
+
+    def prepare(table: pa.Table) -> pa.Table:
+        strays = pc.or_(pc.is_null(table["so"]), pc.is_null(table["do"]))
+        if table.num_rows and pc.any(strays).as_py():
+            bad = table.filter(strays).slice(0, 3)
+            found = [
+                (end, bad[end][i].as_py())
+                for i in range(bad.num_rows)
+                for end, at in (("src", "so"), ("dst", "do"))
+                if not bad[at][i].is_valid
+            ]
+            raise GraphError(stray_ends(who, found[:3]))
+        so, db, do = (
+            table[c].to_numpy(zero_copy_only=False).astype(np.int32) for c in ("so", "db", "do")
+        )
+        kept = {c: table[c] for c in columns}
+        order = np.lexsort((do, so, db) if not by_source else (do, db, so))
+        so, db, do = so[order], db[order], do[order]
+        kept = {c: v.take(pa.array(order)) for c, v in kept.items()}
+        if distinct:
+            new = first_of_runs(so, db, do)
+            so, db, do = so[new], db[new], do[new]
+            kept = {c: v.filter(pa.array(new)) for c, v in kept.items()}
+        sources, first_at, degree = np.unique(so, return_index=True, return_counts=True)
+        first = np.zeros(len(so), dtype=bool)
+        first[first_at] = True
+        share = np.zeros(len(so))
+        if len(so):
+            share = 1.0 / degree[np.searchsorted(sources, so)]
+        edges = pa.table({"so": so, "db": db, "do": do, **kept, "share": share, "first": first})
+        held = pc.unique(table["sb"]).drop_null().to_pylist() if table.num_rows else []
+        if len(held) > 1:
+            raise GraphError(f"{who}: an edge file holds source blocks {held[:3]}; expected one")
+        return edges.replace_schema_metadata({"block": str(held[0])} if held else None)
+
+    return prepare
+
+
+def check_block(table: pa.Table, block: int) -> None:
+    """That ``table``, an edge file, holds the edges of source block ``block`` (or none)."""
+    held = (table.schema.metadata or {}).get(b"block")
+    if held is not None and int(held) != block:
+        raise GraphError(f"the edge file of block {block} holds block {int(held)}'s edges")
+
+
+def block_bounds(db: np.ndarray, blocks: int) -> np.ndarray:
+    """Where each destination block's edges start in a file sorted by destination block."""
+    return np.searchsorted(db, np.arange(blocks + 1))
+
+
+def gathered(so: np.ndarray, sources: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The edges out of ``sources`` in a file sorted by source offset, a cost that follows
+    the active vertices rather than the block: their indices, and for each the index in
+    ``sources`` of its source (a source may be listed more than once)."""
+    lo = np.searchsorted(so, sources, "left")
+    counts = np.searchsorted(so, sources, "right") - lo
+    total = int(counts.sum())
+    owners = np.repeat(np.arange(len(sources)), counts)
+    if total == 0:
+        return np.zeros(0, dtype=np.int64), owners
+    starts = np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+    return starts + np.arange(total), owners
+
+
+def by_block(db: np.ndarray, blocks: int) -> list[np.ndarray]:
+    """For each destination block, the indices of ``db`` that name it."""
+    order = np.argsort(db, kind="stable")
+    bounds = np.searchsorted(db[order], np.arange(blocks + 1))
+    return [order[bounds[d] : bounds[d + 1]] for d in range(blocks)]
+
+
+def first_of_runs(*keys: np.ndarray) -> np.ndarray:
+    """For arrays sorted together by ``keys``: True where a run of equal keys starts."""
+    starts = np.zeros(len(keys[0]), dtype=bool)
+    if len(starts):
+        starts[0] = True
+        for key in keys:
+            starts[1:] |= key[1:] != key[:-1]
+    return starts
+
+
+def rows_of(table: pa.Table, block: str = "block") -> Iterator[tuple[int, dict[str, Any]]]:
+    """The rows of a state table: (block number, {column: the cell's Arrow scalar})."""
+    for i in range(table.num_rows):
+        yield int(table[block][i].as_py()), {c: table[c][i] for c in table.column_names}
+
+
+def values(cell: Any, dtype: Any) -> np.ndarray:
+    """The numpy array in an Arrow list cell (empty for a null cell)."""
+    if not cell.is_valid:
+        return np.zeros(0, dtype=dtype)
+    return cell.values.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+
+
+def list_column(arrays: list[np.ndarray | None], kind: pa.DataType) -> pa.Array:
+    """An Arrow list column of ``arrays`` (None: a null cell)."""
+    return pa.array([None if a is None else a for a in arrays], type=pa.list_(kind))
+
+
+def sparse_row(to: int, itself: bool, index: Any, value: Any, kind: pa.DataType) -> Any:
+    """A row sent to block ``to`` (``index``, ``value``: offsets there and their values), or
+    with ``itself`` the sending block's own values (``index`` None)."""
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([to], pa.int32()),
+            pa.array([itself]),
+            list_column([index], pa.int32()),
+            list_column([value], kind),
+        ],
+        names=["to", "self", "index", "value"],
+    )
+
+
+def received(rows: pa.Table, kind: Any) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """A destination block's own values and the (offsets, values) sent to it."""
+    own = np.zeros(0, dtype=kind)
+    heard = []
+    for i in range(rows.num_rows):
+        value = values(rows["value"][i], kind)
+        if rows["self"][i].as_py():
+            own = value
+        else:
+            heard.append((values(rows["index"][i], np.int64), value))
+    return own, heard
+
+
+def grouped(batches: Iterator[pa.RecordBatch], key: str = "to") -> Iterator[tuple[int, pa.Table]]:
+    """The rows received by a receive task, by destination block."""
+    received = list(batches)
+    if not received:
+        return
+    table = pa.Table.from_batches(received)
+    for block in sorted(pc.unique(table[key]).to_pylist()):
+        yield int(block), table.filter(pc.equal(table[key], block))
+
+
+def final_rows(lay: Layout, per_vertex: DataFrame) -> DataFrame:
+    """``per_vertex`` (``block``, ``offset`` and values) with each vertex's ``id`` instead."""
+    at = lay.positions.select("id", "block", "offset")
+    return per_vertex.join(at, ["block", "offset"]).drop("block", "offset")
+
+
+def exploded(state: DataFrame, column: str) -> DataFrame:
+    """``block``, ``offset`` and the element of array ``column`` at that offset."""
+    return state.select("block", F.posexplode(column).alias("offset", column)).withColumn(
+        "offset", F.col("offset").cast("int")
+    )
