@@ -21,8 +21,8 @@ from pyspark.sql.types import LongType, StructField, StructType
 import iterflow as itf
 from iterflow.errors import raised_again
 from iterflow.graph import block_state
-from iterflow.graph.model import GraphError, as_graph, checked, graph_result, with_column
-from iterflow.graph.pregel import Pregel, PregelProgram
+from iterflow.graph.model import GraphError, as_graph, graph_result, with_column
+from iterflow.graph.pregel import Pregel, PregelProgram, shown
 from iterflow.graph.vectors import choose_method
 
 
@@ -263,6 +263,8 @@ def weighted_shortest_paths(
     source: Any,
     *,
     weight: str = "weight",
+    method: str = "auto",
+    blocks: int | None = None,
     listen: Any = None,
     **run_options: Any,
 ) -> Any:
@@ -286,8 +288,9 @@ def weighted_shortest_paths(
         )
     if not g.vertices.where(F.col("id") == F.lit(source)).take(1):
         raise GraphError(f"weighted_shortest_paths(source={source!r}): no vertex has that id")
+    method, n = choose_method("weighted_shortest_paths", method, g, below_limit="dataframe")
     # A shortest path has fewer than n edges: one more round means a negative cycle.
-    bound = checked(g, "weighted_shortest_paths()") + 1
+    bound = n + 1
     program = PregelProgram(
         init={
             "distance": F.when(F.col("id") == F.lit(source), F.lit(0.0)).otherwise(
@@ -298,10 +301,13 @@ def weighted_shortest_paths(
         send_to_dst=Pregel.src("distance") + Pregel.edge(weight).cast("double"),
         aggregate=F.min,
     )
-    result = program.run(g, max_rounds=bound, listen=listen, **run_options)
+    with raised_again(GraphError):  # an edge to no vertex, found by a worker
+        result = program.run(
+            g, n=n, method=method, blocks=blocks, max_rounds=bound, listen=listen, **run_options
+        )
     if result.termination.reason == "max_rounds":
         raise GraphError(
             f"weighted_shortest_paths: distances still shrink after {bound} rounds, so a "
             f"cycle of negative '{weight}' is reachable from {source!r}"
         )
-    return graph_result(graph, result.outputs["vertices"])
+    return graph_result(graph, shown(result))

@@ -38,11 +38,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
 
 import iterflow as itf
-from iterflow.graph.model import Graph, GraphError, as_graph, checked, graph_result
+from iterflow.errors import raised_again
+from iterflow.graph import block_state
+from iterflow.graph.model import Graph, GraphError, as_graph, graph_result
+from iterflow.graph.vectors import choose_method
 
 _MSG = "_pregel_msg"
 _SRC = "_pregel_src_"
@@ -51,6 +56,8 @@ _EDGE = "_pregel_edge_"
 _OLD = "_pregel_old_"
 _NEW = "_pregel_new_"
 _ACTIVE = "_pregel_active"
+_BLOCK = "_pregel_block"
+_OFFSET = "_pregel_offset"
 
 
 class Pregel:
@@ -96,10 +103,13 @@ def pregel_body(
     send_to_src: Column | None,
     aggregate: Callable[[Column], Column],
     active: Column | None,
+    gather: BlockGather | None = None,
 ) -> itf.IterationBody:
     """The body of one Pregel superstep over ``vertices``, ``active`` and the edges.
 
-    ``state`` maps each state column to its update expression.
+    ``state`` maps each state column to its update expression. With ``gather`` (the block
+    path) the edges are Arrow files per vertex block, and the senders' edges are read
+    from them by a kernel, instead of joined.
     """
     changed = F.lit(False)
     for name in state:
@@ -107,13 +117,21 @@ def pregel_body(
     wake = changed if active is None else active
 
     def sent(
-        senders: DataFrame, edges: DataFrame, vertices: DataFrame, forward: bool, message: Column
+        ctx: itf.RoundContext,
+        senders: DataFrame,
+        edges: DataFrame,
+        vertices: DataFrame,
+        forward: bool,
+        message: Column,
     ) -> DataFrame:
         me, other = (_SRC, _DST) if forward else (_DST, _SRC)
         my_end, other_end = ("src", "dst") if forward else ("dst", "src")
-        joined = _prefixed(senders, me).join(
-            _prefixed(edges, _EDGE), F.col(me + "id") == F.col(_EDGE + my_end)
-        )
+        if gather is not None:
+            joined = gather.joined(ctx, senders, edges, forward)
+        else:
+            joined = _prefixed(senders, me).join(
+                _prefixed(edges, _EDGE), F.col(me + "id") == F.col(_EDGE + my_end)
+            )
         if _mentions(message, other):
             joined = joined.join(
                 _prefixed(vertices, other), F.col(other + "id") == F.col(_EDGE + other_end)
@@ -132,9 +150,9 @@ def pregel_body(
     ) -> itf.Declaration:
         parts = []
         if send_to_dst is not None:
-            parts.append(sent(active_vertices, out_edges, vertices, True, send_to_dst))
+            parts.append(sent(ctx, active_vertices, out_edges, vertices, True, send_to_dst))
         if send_to_src is not None:
-            parts.append(sent(active_vertices, in_edges, vertices, False, send_to_src))
+            parts.append(sent(ctx, active_vertices, in_edges, vertices, False, send_to_src))
         messages = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         messages = ctx.observe("messages", messages)
         combined = messages.groupBy("id").agg(aggregate(F.col(_MSG)).alias(_MSG))
@@ -177,6 +195,8 @@ def pregel(
     aggregate: Callable[[Column], Column] = F.sum,
     active: Column | None = None,
     max_rounds: int | None = None,
+    method: str = "auto",
+    blocks: int | None = None,
     listen: Any = None,
     **run_options: Any,
 ) -> Any:
@@ -213,9 +233,18 @@ def pregel(
         active=active,
     )
     g = as_graph(graph)
-    checked(g, "pregel()")
-    result = program.run(g, max_rounds=max_rounds, listen=listen, **run_options)
-    return graph_result(graph, result.outputs["vertices"])
+    method, n = choose_method("pregel", method, g, below_limit="dataframe")
+    with raised_again(GraphError):  # an edge to no vertex, found by a worker
+        result = program.run(
+            g,
+            n=n,
+            method=method,
+            blocks=blocks,
+            max_rounds=max_rounds,
+            listen=listen,
+            **run_options,
+        )
+    return graph_result(graph, shown(result))
 
 
 def _sent_nothing(progress: itf.RoundProgress) -> bool:
@@ -248,12 +277,18 @@ class PregelProgram:
             )
 
     def run(
-        self, g: Graph, *, max_rounds: int | None = None, listen: Any = None, **run_options: Any
+        self,
+        g: Graph,
+        *,
+        n: int,
+        method: str = "dataframe",
+        blocks: int | None = None,
+        max_rounds: int | None = None,
+        listen: Any = None,
+        **run_options: Any,
     ) -> itf.IterationResult:
-        """Run on ``g``; the ``IterationResult`` has the output ``vertices``."""
-        return self._iteration(g, max_rounds, listen).run(**run_options)
-
-    def _iteration(self, g: Graph, max_rounds: int | None, listen: Any) -> itf.BoundedIteration:
+        """Run on ``g`` (``n`` vertices) by ``method`` (``"dataframe"`` or ``"blocks"``); the
+        ``IterationResult`` has the output ``vertices`` (read it with ``shown``)."""
         init, send_to_dst, send_to_src = self.init, self.send_to_dst, self.send_to_src
         clash = sorted(set(init) & (set(g.vertices.columns) - {"id"}))
         if "id" in init or clash:
@@ -262,21 +297,46 @@ class PregelProgram:
                 "pick new names for the state columns"
             )
         vertices = g.vertices.select("*", *(expr.alias(name) for name, expr in init.items()))
-        partitions = int(g.vertices.sparkSession.conf.get("spark.sql.shuffle.partitions") or 8)
-        edges = g.edges
+        spark = g.vertices.sparkSession
+        lay = None
+        gather = None
+        if method == "blocks":
+            lay = block_state.layout(g.vertices, n, block_state.block_count(spark, n, 0, blocks))
+            at = lay.positions.select(
+                "id", F.col("block").alias(_BLOCK), F.col("offset").alias(_OFFSET)
+            )
+            vertices = vertices.join(at, "id").select(*vertices.columns, _BLOCK, _OFFSET)
+            kept = tuple(_EDGE + c for c in g.edges.columns)
+            edges = g.edges.select(
+                "src", "dst", *(F.col(c).alias(_EDGE + c) for c in g.edges.columns)
+            )
+            gather = BlockGather(
+                block_state.edge_file("pregel()", by_source=True, distinct=False, columns=kept),
+                edges.select(*kept).schema,
+            )
+            out_edges = block_state.edge_rows(lay, edges, columns=kept)
+            in_edges = block_state.edge_rows(lay, edges, reverse=True, columns=kept)
+        else:
+            partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 8)
+            out_edges = g.edges.repartition(partitions, "src")
+            in_edges = g.edges.repartition(partitions, "dst")
         iteration = (
             itf.BoundedIteration(
-                pregel_body(self.update, send_to_dst, send_to_src, self.aggregate, self.active)
+                pregel_body(
+                    self.update, send_to_dst, send_to_src, self.aggregate, self.active, gather
+                )
             )
-            .bind("vertices", vertices)
-            .bind("active_vertices", vertices)
+            .bind("vertices", vertices, on_driver=lay is None)
+            .bind("active_vertices", vertices, on_driver=lay is None)
             .bind(
                 "out_edges",
-                edges.repartition(partitions, "src") if send_to_dst is not None else edges.limit(0),
+                out_edges if send_to_dst is not None else out_edges.limit(0),
+                replay=lay is not None,
             )
             .bind(
                 "in_edges",
-                edges.repartition(partitions, "dst") if send_to_src is not None else edges.limit(0),
+                in_edges if send_to_src is not None else in_edges.limit(0),
+                replay=lay is not None,
             )
             .until(itf.until(_sent_nothing))
         )
@@ -284,4 +344,51 @@ class PregelProgram:
             iteration = iteration.until(itf.max_rounds(max_rounds))
         if listen is not None:
             iteration = iteration.listen(listen)
-        return iteration
+        try:
+            return iteration.run(**run_options)
+        finally:
+            if lay is not None:
+                lay.release()
+
+
+def shown(result: itf.IterationResult) -> DataFrame:
+    """The vertices a Pregel run ended with, without the block path's own columns."""
+    return result.outputs["vertices"].drop(_BLOCK, _OFFSET)
+
+
+@attrs.frozen
+class BlockGather:
+    """The block path's senders joined with their edges: a kernel reads each sender's edges
+    from the edge file of its block (sorted by source: a cost that follows the senders)."""
+
+    prepare: Callable[[pa.Table], pa.Table]
+    edge_schema: StructType  # the edges' columns, prefixed with _EDGE
+
+    def joined(
+        self, ctx: itf.RoundContext, senders: DataFrame, edges: DataFrame, forward: bool
+    ) -> DataFrame:
+        me = _SRC if forward else _DST
+        columns = [c for c in senders.columns if c not in (_BLOCK, _OFFSET)]
+        fields = [
+            StructField(me + f.name, f.dataType) for f in senders.schema.fields if f.name in columns
+        ]
+        schema = StructType(
+            fields + [StructField(f.name, f.dataType) for f in self.edge_schema.fields]
+        )
+        files = ctx.columnar(edges, self.prepare, resident=False)
+        kernel = _gather(me, columns, self.edge_schema.fieldNames())
+        return files.map(kernel, schema, rows=senders, by=_BLOCK)
+
+
+def _gather(me: str, columns: list[str], edge_columns: list[str]) -> Any:
+    def gather(table: pa.Table, rows: pa.Table) -> pa.Table:
+        block_state.check_block(table, int(rows[_BLOCK][0].as_py()))
+        offsets = rows[_OFFSET].to_numpy(zero_copy_only=False)
+        at, owner = block_state.gathered(table["so"].to_numpy(), offsets)
+        senders = rows.select(columns).take(pa.array(owner))
+        edges = table.select(edge_columns).take(pa.array(at))
+        return pa.Table.from_arrays(
+            [*senders.columns, *edges.columns], names=[me + c for c in columns] + edge_columns
+        )
+
+    return gather
