@@ -110,6 +110,9 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     "messages do",
     ("iterflow.graph.pagerank", "iterflow.errors"): "raises the GraphError a worker raised again",
     ("iterflow.graph.components", "iterflow.errors"): "raises the GraphError a worker raised again",
+    ("iterflow.graph.labels", "iterflow.errors"): "raises the GraphError a worker raised again",
+    ("iterflow.graph.paths", "iterflow.errors"): "raises the GraphError a worker raised again",
+    ("iterflow.graph.pregel", "iterflow.errors"): "raises the GraphError a worker raised again",
 }
 
 #: Modules that import no Spark: the leaves (the metrics' Spark bridge aside).

@@ -166,6 +166,13 @@ def layout(vertices: DataFrame, n: int, blocks: int) -> Layout:
     return Layout(blocks, sizes, _placement_keys(spark, blocks), positions)
 
 
+def apart(df: DataFrame) -> DataFrame:
+    """``df``, joined by shuffling both sides, never broadcast: adaptive execution broadcasts
+    a join side it finds under ``spark.sql.autoBroadcastJoinThreshold``, and a broadcast is
+    collected to the driver first, which the block path must never do with vertex rows."""
+    return df.hint("merge")
+
+
 def edge_rows(
     lay: Layout, edges: DataFrame, *, reverse: bool = False, columns: tuple[str, ...] = ()
 ) -> DataFrame:
@@ -179,8 +186,10 @@ def edge_rows(
     at = lay.positions
 
     def end(name: str, block: str, offset: str) -> DataFrame:
-        return at.select(
-            F.col("id").alias(name), F.col("block").alias(block), F.col("offset").alias(offset)
+        return apart(
+            at.select(
+                F.col("id").alias(name), F.col("block").alias(block), F.col("offset").alias(offset)
+            )
         )
 
     joined = ends.join(end("src", "sb", "so"), "src", "left").join(
@@ -335,7 +344,7 @@ def grouped(batches: Iterator[pa.RecordBatch], key: str = "to") -> Iterator[tupl
 
 def final_rows(lay: Layout, per_vertex: DataFrame) -> DataFrame:
     """``per_vertex`` (``block``, ``offset`` and values) with each vertex's ``id`` instead."""
-    at = lay.positions.select("id", "block", "offset")
+    at = apart(lay.positions.select("id", "block", "offset"))
     return per_vertex.join(at, ["block", "offset"]).drop("block", "offset")
 
 

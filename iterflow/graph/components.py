@@ -330,7 +330,9 @@ def _block_components(
     smallest = lay.positions.select(
         F.col("position").alias("label"), F.col("id").alias("component")
     )
-    return labelled.join(smallest, "label").select("id", "component")
+    return block_state.apart(
+        labelled.join(block_state.apart(smallest), "label").select("id", "component")
+    )
 
 
 def connected_components(

@@ -151,7 +151,8 @@ def _block_labels(
         lay.release()
     labelled = block_state.final_rows(lay, block_state.exploded(final, "label"))
     named = lay.positions.select(F.col("position").alias("label"), F.col("id").alias("named"))
-    return labelled.join(named, "label").select("id", F.col("named").alias("label"))
+    found = labelled.join(block_state.apart(named), "label")
+    return block_state.apart(found.select("id", F.col("named").alias("label")))
 
 
 def label_propagation(

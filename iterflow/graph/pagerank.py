@@ -540,7 +540,9 @@ def pagerank(
         with raised_again(GraphError):  # an edge to no vertex, found by a worker
             final = iteration.run(**run_options).outputs["ranks"]
         if lay is not None:
-            final = block_state.final_rows(lay, block_state.exploded(final, "rank"))
+            final = block_state.apart(
+                block_state.final_rows(lay, block_state.exploded(final, "rank"))
+            )
     finally:
         if lay is not None:
             lay.release()

@@ -193,8 +193,10 @@ def _block_paths(
     pairs = F.zip_with(
         landmarks, F.col("distance"), lambda m, d: F.struct(m.alias("key"), d.alias("value"))
     )
-    return block_state.final_rows(lay, rows).select(
-        "id", F.map_from_entries(F.filter(pairs, lambda p: p["value"] >= 0)).alias("distances")
+    return block_state.apart(
+        block_state.final_rows(lay, rows).select(
+            "id", F.map_from_entries(F.filter(pairs, lambda p: p["value"] >= 0)).alias("distances")
+        )
     )
 
 

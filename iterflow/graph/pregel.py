@@ -148,6 +148,8 @@ def pregel_body(
         in_edges: DataFrame,
         ctx: itf.RoundContext,
     ) -> itf.Declaration:
+        if gather is not None:  # vertex rows are joined, never broadcast from the driver
+            vertices = block_state.apart(vertices)
         parts = []
         if send_to_dst is not None:
             parts.append(sent(ctx, active_vertices, out_edges, vertices, True, send_to_dst))
@@ -305,7 +307,8 @@ class PregelProgram:
             at = lay.positions.select(
                 "id", F.col("block").alias(_BLOCK), F.col("offset").alias(_OFFSET)
             )
-            vertices = vertices.join(at, "id").select(*vertices.columns, _BLOCK, _OFFSET)
+            placed = vertices.join(block_state.apart(at), "id")
+            vertices = placed.select(*vertices.columns, _BLOCK, _OFFSET)
             kept = tuple(_EDGE + c for c in g.edges.columns)
             edges = g.edges.select(
                 "src", "dst", *(F.col(c).alias(_EDGE + c) for c in g.edges.columns)
