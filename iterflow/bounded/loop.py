@@ -166,6 +166,8 @@ class RoundLoop:
         progress = rnd.progress(
             criteria_empty=any(criteria_empty.values()) if criteria_empty else None,
             criteria_rows=min(counted) if counted and len(counted) == len(plan.criteria) else None,
+            # A convergence callable may read the round's metrics (its kernels' counts).
+            metrics=self.loop.observers.metrics.round_values(epoch),
         )
         values = self._convergence_values(rnd, plan, progress)
         if values:

@@ -259,9 +259,8 @@ def vector_body(
 
 # -- the block path: the rank vector in B slices, kept in Spark --------------------------
 
-#: A state row of the block path: block b's ranks and the L1 change of them in the round
-#: that made them.
-RANK_STATE = "block INT, rank ARRAY<DOUBLE>, delta DOUBLE"
+#: A state row of the block path: block b's ranks.
+RANK_STATE = "block INT, rank ARRAY<DOUBLE>"
 #: What a block sends: a partial sum of the ranks of block ``to`` (null when no edge
 #: goes there) with the rank the sending block's dangling vertices hold; or (``self``)
 #: the sending block's own ranks, for the L1 change.
@@ -304,10 +303,15 @@ def rank_send(sizes: tuple[int, ...], keep_dangling: bool, messages: Any) -> blo
 
 
 def rank_receive(
-    alpha: float, n: int, sizes: tuple[int, ...], teleports: dict[int, tuple[Any, Any]] | None
+    alpha: float,
+    n: int,
+    sizes: tuple[int, ...],
+    teleports: dict[int, tuple[Any, Any]] | None,
+    change: Any,
 ) -> Callable[[Any], Any]:
     """Kernel of a destination block: the next ranks from the partials (``teleports``: the
-    personalization's offsets and weights per block, else uniform)."""
+    personalization's offsets and weights per block, else uniform); ``change`` (a
+    distribution) receives each block's L1 change."""
 
     def receive(batches: Any) -> Any:
         for d, rows in block_state.grouped(batches):
@@ -328,13 +332,10 @@ def rank_receive(
                 offsets, weights = teleports.get(d, ((), ()))
                 teleport[np.asarray(offsets, dtype=np.int64)] = weights
             new = alpha * (spread + dangling * teleport) + (1.0 - alpha) * teleport
+            change.update(float(np.abs(new - old).sum()))
             yield pa.RecordBatch.from_arrays(
-                [
-                    pa.array([d], pa.int32()),
-                    block_state.list_column([new], pa.float64()),
-                    pa.array([float(np.abs(new - old).sum())]),
-                ],
-                names=["block", "rank", "delta"],
+                [pa.array([d], pa.int32()), block_state.list_column([new], pa.float64())],
+                names=["block", "rank"],
             )
 
     return receive
@@ -349,24 +350,31 @@ def block_body(
 ) -> itf.IterationBody:
     """PageRank on rank slices: each round, every source block's edges (Arrow files read
     in place) send partial rank sums to the destination blocks, which add them up.
-    ``RoundProgress.metrics["messages"]`` counts the edges that carried rank."""
+    ``RoundProgress.metrics["messages"]`` counts the edges that carried rank, and
+    ``["change"]`` the blocks' L1 changes (its ``sum`` is the round's, which ``tol``
+    bounds: read from the metric, it costs no Spark job)."""
     prepare = block_state.edge_file("pagerank()", by_source=False, distinct=not graphx)
     send = rank_send(lay.sizes, not graphx, itf.metrics.counter("messages"))
-    receive = rank_receive(alpha, lay.vertices, lay.sizes, teleports)
+    change = itf.metrics.distribution("change")
+    receive = rank_receive(alpha, lay.vertices, lay.sizes, teleports, change)
 
     @itf.body
     def pagerank_blocks(ranks: DataFrame, edges: DataFrame, ctx: itf.RoundContext) -> Any:
         files = ctx.columnar(edges, prepare, resident=False)
         partials = files.map(send, RANK_PARTIAL, rows=ranks, by="block")
         new_ranks = lay.placed(partials, "to").mapInArrow(receive, RANK_STATE)
-        change = new_ranks.agg(F.coalesce(F.sum("delta"), F.lit(0.0)))
         return itf.Declaration(
             feedback={"ranks": new_ranks},
             outputs={"ranks": new_ranks},
-            until=itf.converged(change, tol) if tol is not None else None,
+            until=itf.converged(_block_change, tol) if tol is not None else None,
         )
 
     return pagerank_blocks
+
+
+def _block_change(end: itf.RoundEnd) -> float:
+    """The round's L1 change of the ranks, summed over the blocks by the ``change`` metric."""
+    return float(end.progress.metrics["change"].sum)
 
 
 def _block_teleports(
@@ -411,12 +419,8 @@ def _first_ranks(
             offsets, weights = teleports.get(block, ((), ()))
             rank[np.asarray(offsets, dtype=np.int64)] = weights
         yield pa.RecordBatch.from_arrays(
-            [
-                pa.array([block], pa.int32()),
-                block_state.list_column([rank], pa.float64()),
-                pa.array([0.0]),
-            ],
-            names=["block", "rank", "delta"],
+            [pa.array([block], pa.int32()), block_state.list_column([rank], pa.float64())],
+            names=["block", "rank"],
         )
 
     return first
