@@ -65,7 +65,9 @@ def test_connected_components_match_networkx(spark, seed, method):
     assert {r["id"]: r["name"] for r in rows} == {v: f"v{v}" for v in expected}  # kept
 
 
-@pytest.mark.parametrize("order", ["sorted", "shuffled"])
+@pytest.mark.parametrize(
+    "order", ["sorted", pytest.param("shuffled", marks=pytest.mark.slow_spark)]
+)
 def test_components_of_a_long_path_take_few_rounds_and_ever_fewer_messages(spark, order):
     n = 2000
     ids = list(range(n))
