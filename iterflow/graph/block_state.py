@@ -4,8 +4,10 @@ the driver, at the speed of numpy kernels.
 The vertices, in the order of their ids, are split into B ranges (*blocks*). A vertex's
 *position* is its rank in that order, and within its block its *offset*; vertex state is
 B rows of a variable, each holding the arrays of one block (a *slice*), kept in Spark
-(``bind(..., on_driver=False)``) and checkpointed every round like any variable. The
-edges are joined once with the positions, grouped by source block into one Arrow file
+(``bind(..., on_driver=False)``) and checkpointed every round like any variable. Ids
+that are integers without gaps get their block and offset by arithmetic; other ids by a
+numbering in Spark that the edges are joined with. The edges, placed once, are grouped
+by source block into one Arrow file
 per block (``ctx.columnar(..., resident=False)``) and sorted there by destination
 block, so each file holds the edge blocks (source block, destination block) of one
 source block. A round is one Spark job of two stages:
@@ -37,8 +39,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.errors import PySparkNotImplementedError
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import IntegralType
 
 from iterflow.graph.model import GraphError, stray_ends
 
@@ -76,12 +79,18 @@ def block_count(spark: SparkSession, vertices: int, edges: int, blocks: int | No
 class Layout:
     """Where every vertex is: ``positions`` has ``id``, ``block``, ``offset`` and
     ``position`` (persisted until ``release``); block b holds ``sizes[b]`` vertices,
-    positions ``starts[b]`` on."""
+    positions ``starts[b]`` on.
+
+    With ``first`` set, the ids are the integers ``first .. first + n - 1`` and block b
+    holds the ``step`` ids from ``first + b * step`` on: a vertex's place is arithmetic
+    on its id, and edges and results find it without a join."""
 
     blocks: int
     sizes: tuple[int, ...]
     keys: tuple[int, ...]  # repartition(blocks, keys[b]) puts block b in partition b
     positions: DataFrame
+    first: int | None = None
+    step: int = 0
 
     @property
     def starts(self) -> tuple[int, ...]:
@@ -110,6 +119,35 @@ class Layout:
         return self.placed(
             numbers.select(F.col("id").cast("int").alias("block")).mapInArrow(make, schema)
         )
+
+    def _relative(self, id_: Column) -> Column:
+        """A dense layout's position of ``id_``: null when it is no vertex's id."""
+        assert self.first is not None
+        at = id_.cast("long") - F.lit(self.first)
+        return F.when((at >= 0) & (at < F.lit(self.vertices)), at)
+
+    def place(self, df: DataFrame, id_: str, block: str, offset: str) -> DataFrame:
+        """``df`` with the ``block`` and ``offset`` of its column ``id_`` (null for an id
+        that is no vertex's): arithmetic on a dense layout, else a join (never broadcast)."""
+        if self.first is None:
+            known = self.positions.select(
+                F.col("id").alias(id_), F.col("block").alias(block), F.col("offset").alias(offset)
+            )
+            return df.join(apart(known), id_, "left")
+        at = self._relative(F.col(id_))
+        number = F.floor(at / F.lit(self.step)).cast("int")
+        return df.withColumns(
+            {block: number, offset: (at - number.cast("long") * self.step).cast("int")}
+        )
+
+    def named(self, df: DataFrame, position: str, name: str) -> DataFrame:
+        """``df`` with column ``name``: the id of the vertex at ``position`` (a position in
+        the whole layout, not a block)."""
+        if self.first is not None:
+            id_type = self.positions.schema["id"].dataType
+            return df.withColumn(name, (F.col(position) + F.lit(self.first)).cast(id_type))
+        at = self.positions.select(F.col("position").alias(position), F.col("id").alias(name))
+        return df.join(apart(at), position)
 
     def release(self) -> None:
         self.positions.unpersist()
@@ -143,6 +181,19 @@ def layout(vertices: DataFrame, n: int, blocks: int) -> Layout:
     spark = vertices.sparkSession
     ids = vertices.select("id")
     id_type = ids.schema["id"].dataType
+    lowest = _dense_start(ids, n)
+    if lowest is not None:
+        step = max(-(-n // blocks), 1)
+        at = F.col("id").cast("long") - F.lit(lowest)
+        number = F.floor(at / F.lit(step)).cast("int")
+        dense = ids.select(
+            "id",
+            number.alias("block"),
+            (at - number.cast("long") * step).cast("int").alias("offset"),
+            at.alias("position"),
+        )
+        sizes = tuple(int(min(max(n - b * step, 0), step)) for b in range(blocks))
+        return Layout(blocks, sizes, _placement_keys(spark, blocks), dense, lowest, step)
     bounds: list[Any] = []
     if blocks > 1 and n > 0:
         fraction = min(1.0, SAMPLE_PER_BLOCK * blocks * 1.5 / n)
@@ -166,6 +217,17 @@ def layout(vertices: DataFrame, n: int, blocks: int) -> Layout:
     return Layout(blocks, sizes, _placement_keys(spark, blocks), positions)
 
 
+def _dense_start(ids: DataFrame, n: int) -> int | None:
+    """The smallest id when the ``n`` (unique) ids are integers without gaps, else None
+    (one small aggregate job)."""
+    if n == 0 or not isinstance(ids.schema["id"].dataType, IntegralType):
+        return None
+    row = ids.agg(F.min("id"), F.max("id")).first()
+    assert row is not None  # an aggregate without grouping has one row
+    low, high = int(row[0]), int(row[1])
+    return low if high - low + 1 == n else None
+
+
 def apart(df: DataFrame) -> DataFrame:
     """``df``, joined by shuffling both sides, never broadcast: adaptive execution broadcasts
     a join side it finds under ``spark.sql.autoBroadcastJoinThreshold``, and a broadcast is
@@ -183,19 +245,8 @@ def edge_rows(
     ends = edges.select(
         F.col(src).alias("src"), F.col(dst).alias("dst"), *(F.col(c) for c in columns)
     )
-    at = lay.positions
-
-    def end(name: str, block: str, offset: str) -> DataFrame:
-        return apart(
-            at.select(
-                F.col("id").alias(name), F.col("block").alias(block), F.col("offset").alias(offset)
-            )
-        )
-
-    joined = ends.join(end("src", "sb", "so"), "src", "left").join(
-        end("dst", "db", "do"), "dst", "left"
-    )
-    return lay.placed(joined, "sb")
+    placed = lay.place(lay.place(ends, "src", "sb", "so"), "dst", "db", "do")
+    return lay.placed(placed, "sb")
 
 
 def edge_file(
@@ -222,7 +273,7 @@ def edge_file(
             table[c].to_numpy(zero_copy_only=False).astype(np.int32) for c in ("so", "db", "do")
         )
         kept = {c: table[c] for c in columns}
-        order = np.lexsort((do, so, db) if not by_source else (do, db, so))
+        order = sort_order(*((so, db, do) if by_source else (db, so, do)))
         so, db, do = so[order], db[order], do[order]
         kept = {c: v.take(pa.array(order)) for c, v in kept.items()}
         if distinct:
@@ -242,6 +293,20 @@ def edge_file(
         return edges.replace_schema_metadata({"block": str(held[0])} if held else None)
 
     return prepare
+
+
+def sort_order(*keys: np.ndarray) -> np.ndarray:
+    """The stable order that sorts by ``keys`` (non-negative integers), the first one first:
+    one sort of a key packed into 63 bits when they fit, else ``np.lexsort``."""
+    if not len(keys[0]):
+        return np.zeros(0, dtype=np.int64)
+    widths = [int(k.max()).bit_length() for k in keys]
+    if sum(widths) > 63:
+        return np.lexsort(keys[::-1])
+    packed = np.zeros(len(keys[0]), dtype=np.int64)
+    for key, width in zip(keys, widths, strict=True):
+        packed = (packed << width) | key.astype(np.int64)
+    return np.argsort(packed, kind="stable")
 
 
 def check_block(table: pa.Table, block: int) -> None:
@@ -344,6 +409,10 @@ def grouped(batches: Iterator[pa.RecordBatch], key: str = "to") -> Iterator[tupl
 
 def final_rows(lay: Layout, per_vertex: DataFrame) -> DataFrame:
     """``per_vertex`` (``block``, ``offset`` and values) with each vertex's ``id`` instead."""
+    if lay.first is not None:
+        id_type = lay.positions.schema["id"].dataType
+        id_ = F.col("block").cast("long") * lay.step + F.col("offset") + F.lit(lay.first)
+        return per_vertex.select(id_.cast(id_type).alias("id"), "*").drop("block", "offset")
     at = apart(lay.positions.select("id", "block", "offset"))
     return per_vertex.join(at, ["block", "offset"]).drop("block", "offset")
 

@@ -327,12 +327,7 @@ def _block_components(
     finally:
         lay.release()
     labelled = block_state.final_rows(lay, block_state.exploded(final, "label"))
-    smallest = lay.positions.select(
-        F.col("position").alias("label"), F.col("id").alias("component")
-    )
-    return block_state.apart(
-        labelled.join(block_state.apart(smallest), "label").select("id", "component")
-    )
+    return block_state.apart(lay.named(labelled, "label", "component").select("id", "component"))
 
 
 def connected_components(

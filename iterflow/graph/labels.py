@@ -150,8 +150,7 @@ def _block_labels(
     finally:
         lay.release()
     labelled = block_state.final_rows(lay, block_state.exploded(final, "label"))
-    named = lay.positions.select(F.col("position").alias("label"), F.col("id").alias("named"))
-    found = labelled.join(block_state.apart(named), "label")
+    found = lay.named(labelled, "label", "named")
     return block_state.apart(found.select("id", F.col("named").alias("label")))
 
 

@@ -304,10 +304,7 @@ class PregelProgram:
         gather = None
         if method == "blocks":
             lay = block_state.layout(g.vertices, n, block_state.block_count(spark, n, 0, blocks))
-            at = lay.positions.select(
-                "id", F.col("block").alias(_BLOCK), F.col("offset").alias(_OFFSET)
-            )
-            placed = vertices.join(block_state.apart(at), "id")
+            placed = lay.place(vertices, "id", _BLOCK, _OFFSET)
             vertices = placed.select(*vertices.columns, _BLOCK, _OFFSET)
             kept = tuple(_EDGE + c for c in g.edges.columns)
             edges = g.edges.select(
