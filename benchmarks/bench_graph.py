@@ -346,7 +346,9 @@ def layered_dag(layers: int, width: int) -> tuple[np.ndarray, np.ndarray, np.nda
     return src, dst, weight
 
 
-def shortest_paths(g: Graph, active: Any, max_rounds: int | None) -> Runner:
+def shortest_paths(g: Graph, active: Any, max_rounds: int | None, method: str = "auto") -> Runner:
+    """Single-source shortest paths from ``SOURCE`` with ``pregel`` (``method`` as given)."""
+
     def run() -> tuple[Any, dict[str, Any]]:
         rounds = Rounds()
         distances = pregel(
@@ -357,6 +359,7 @@ def shortest_paths(g: Graph, active: Any, max_rounds: int | None) -> Runner:
             aggregate=F.min,
             active=active,
             max_rounds=max_rounds,
+            method=method,
             listen=rounds,
             progress=False,
         )
@@ -374,7 +377,7 @@ def check_distances(distances: DataFrame, expected: np.ndarray) -> None:
 
 
 def pregel_comparison(
-    spark: SparkSession, layers: int, width: int, repetitions: int
+    spark: SparkSession, layers: int, width: int, repetitions: int, method: str = "auto"
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     src, dst, weight = layered_dag(layers, width)
     n = 1 + layers * width
@@ -393,8 +396,8 @@ def pregel_comparison(
     # (see the module docstring); max_rounds only bounds it.
     active_rounds = layers + 1
     runners = {
-        "active": shortest_paths(g, None, None),
-        "all": shortest_paths(g, F.lit(True), active_rounds),
+        "active": shortest_paths(g, None, None, method),
+        "all": shortest_paths(g, F.lit(True), active_rounds, method),
     }
 
     def check(results: dict[str, Any]) -> dict[str, Any]:

@@ -105,8 +105,7 @@ def write_edge_list(path: str | Path, src: np.ndarray, dst: np.ndarray) -> None:
         raise ValueError("src and dst must be 1-d arrays of equal length")
     if s.size and (s.min() < 0 or d.min() < 0):
         raise ValueError("vertex ids must be non-negative")
-    text = "\n".join(f"{a} {b}" for a, b in zip(s.tolist(), d.tolist(), strict=True))
-    Path(path).write_text(text + "\n" if text else "")
+    np.savetxt(path, np.column_stack([s, d]), fmt="%d")
 
 
 def _int_tag(spark: SparkSession) -> Any:
@@ -168,6 +167,28 @@ def connected_components(spark: SparkSession, jgraph: Any) -> Any:
     jcc = jvm.org.apache.spark.graphx.lib.ConnectedComponents.run(jgraph, tag, tag)
     jcc.vertices().count()
     return jcc
+
+
+def shortest_paths(spark: SparkSession, jgraph: Any, landmarks: list[int]) -> Any:
+    """Run ``ShortestPaths.run(graph, landmarks)`` and force it; return the Java graph.
+
+    Each vertex of the result carries a map from the landmarks it can reach along the
+    edges to the number of edges on the shortest path (GraphX's Pregel program of its
+    library). The landmarks go to the JVM as ``java.lang.Long`` (a one-column Dataset
+    collected there), since py4j would box small ints as ``Integer``.
+    """
+    jvm = spark._jvm
+    assert jvm is not None
+    if not landmarks:
+        raise ValueError("give at least one landmark")
+    session = spark._jsparkSession
+    chosen = session.range(landmarks[0], landmarks[0] + 1)
+    for mark in landmarks[1:]:
+        chosen = chosen.union(session.range(mark, mark + 1))
+    seq = jvm.org.apache.spark.api.python.PythonUtils.toSeq(chosen.collectAsList())
+    jpaths = jvm.org.apache.spark.graphx.lib.ShortestPaths.run(jgraph, seq, _int_tag(spark))
+    jpaths.vertices().count()
+    return jpaths
 
 
 def _vertex_pairs(spark: SparkSession, jgraph: Any) -> list[tuple[int, Any]]:
