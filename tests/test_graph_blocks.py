@@ -288,8 +288,8 @@ def test_graphx_pagerank_on_blocks_equals_the_arrow_path(spark, small, weights):
 
 
 def test_more_blocks_than_vertices(spark):
-    """4 vertices (at the int64 limits too) in 5 blocks, so that some blocks are empty."""
-    a, b, c, d = -(2**62), -3, 5, 2**62
+    """4 vertices, two at the int64 limits, in 5 blocks: some blocks are empty."""
+    a, b, c, d = -(2**63), -3, 5, 2**63 - 1
     tiny = Case(spark, [a, b, c, d], [(a, b, 1.0), (b, c, 2.0), (b, c, 1.0), (a, a, 1.0)])
     lay = block_state.layout(tiny.g.vertices, 4, 5)
     try:
