@@ -51,6 +51,8 @@ BLOCK_VERTICES = 1 << 22
 BLOCK_EDGES = 1 << 24
 #: Sampled ids per block, from which the block boundaries are picked.
 SAMPLE_PER_BLOCK = 64
+#: The column of ``edge_rows`` that marks an edge turned around.
+TURNED = "_turned"
 
 Kernel = Callable[..., Iterator[pa.RecordBatch]]
 
@@ -236,15 +238,33 @@ def apart(df: DataFrame) -> DataFrame:
 
 
 def edge_rows(
-    lay: Layout, edges: DataFrame, *, reverse: bool = False, columns: tuple[str, ...] = ()
+    lay: Layout,
+    edges: DataFrame,
+    *,
+    reverse: bool = False,
+    both: bool = False,
+    columns: tuple[str, ...] = (),
 ) -> DataFrame:
     """``edges`` with the block and offset of both ends (``sb``, ``so``, ``db``, ``do``;
     null for an end that is no vertex), in the partition of their source block; with
-    ``reverse`` every edge is turned around. ``columns`` are kept as they are."""
+    ``reverse`` every edge is turned around, with ``both`` every edge is there both ways.
+    ``columns`` are kept as they are; ``TURNED`` marks the turned rows, so that an error
+    names the end of the edge as given."""
     src, dst = ("dst", "src") if reverse else ("src", "dst")
     ends = edges.select(
-        F.col(src).alias("src"), F.col(dst).alias("dst"), *(F.col(c) for c in columns)
+        F.col(src).alias("src"),
+        F.col(dst).alias("dst"),
+        F.lit(reverse).alias(TURNED),
+        *(F.col(c) for c in columns),
     )
+    if both:
+        turned = ends.select(
+            F.col("dst").alias("src"),
+            F.col("src").alias("dst"),
+            (~F.col(TURNED)).alias(TURNED),
+            *(F.col(c) for c in columns),
+        )
+        ends = ends.unionByName(turned)
     placed = lay.place(lay.place(ends, "src", "sb", "so"), "dst", "db", "do")
     return lay.placed(placed, "sb")
 
@@ -261,14 +281,15 @@ def edge_file(
     def prepare(table: pa.Table) -> pa.Table:
         strays = pc.or_(pc.is_null(table["so"]), pc.is_null(table["do"]))
         if table.num_rows and pc.any(strays).as_py():
-            bad = table.filter(strays).slice(0, 3)
+            bad = table.filter(strays).slice(0, 6)
+            turned = bad[TURNED].to_pylist() if TURNED in bad.column_names else [False] * 6
             found = [
-                (end, bad[end][i].as_py())
+                (given if turned[i] else end, bad[end][i].as_py())
                 for i in range(bad.num_rows)
-                for end, at in (("src", "so"), ("dst", "do"))
+                for end, at, given in (("src", "so", "dst"), ("dst", "do", "src"))
                 if not bad[at][i].is_valid
             ]
-            raise GraphError(stray_ends(who, found[:3]))
+            raise GraphError(stray_ends(who, list(dict.fromkeys(found))[:3]))
         so, db, do = (
             table[c].to_numpy(zero_copy_only=False).astype(np.int32) for c in ("so", "db", "do")
         )

@@ -310,12 +310,11 @@ def _block_components(
         new_labels = lay.placed(partials, "to").mapInArrow(receive, LABEL_STATE)
         return itf.Declaration(feedback={"labels": new_labels}, outputs={"labels": new_labels})
 
-    ends = g.edges.where(F.col("src") != F.col("dst")).select("src", "dst")
-    both = ends.unionByName(ends.select(F.col("dst").alias("src"), F.col("src").alias("dst")))
+    ends = g.edges.where(F.col("src") != F.col("dst"))
     iteration = (
         itf.BoundedIteration(components_blocks)
         .bind("labels", lay.per_block(first, LABEL_STATE), on_driver=False)
-        .bind("edges", block_state.edge_rows(lay, both), replay=True)
+        .bind("edges", block_state.edge_rows(lay, ends, both=True), replay=True)
         .until(itf.until(lambda progress: progress.metrics.get("active") == 0))
     )
     if max_rounds is not None:

@@ -222,13 +222,13 @@ def shortest_paths(
         shortest_paths(Graph(vertices, edges), landmarks=[1, 4])
     """
     g = as_graph(graph)
-    chosen = list(landmarks)
+    chosen = list(dict.fromkeys(landmarks))  # a landmark named twice is one landmark
     if not chosen:
         raise GraphError("shortest_paths(landmarks=...) needs at least one landmark id")
     method, n = choose_method("shortest_paths", method, g, below_limit="dataframe")
     if method == "blocks":
         with raised_again(GraphError):  # an edge to no vertex, found by a worker
-            found = _block_paths(g, n, list(dict.fromkeys(chosen)), blocks, listen, run_options)
+            found = _block_paths(g, n, chosen, blocks, listen, run_options)
         return graph_result(graph, with_column(g.vertices, found, "distances"))
     id_type = g.vertices.schema["id"].dataType
     marks = g.vertices.sparkSession.createDataFrame(
