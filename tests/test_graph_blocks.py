@@ -293,6 +293,44 @@ def test_more_blocks_than_vertices(spark):
     assert column(rows, "component") == {a: a, b: a, c: a, d: d}
 
 
+def test_ids_without_gaps_are_placed_by_arithmetic(spark):
+    """Ids -5 .. 8 (14 vertices, rows in no order): the layout computes every place from
+    the id, and every algorithm still matches networkx; a gap makes it number the ids."""
+    ids = list(range(-5, 9))
+    order = np.random.default_rng(3).permutation(ids).tolist()
+    ends = [(-5, -4), (-4, -3), (-3, -5), (-3, 0), (0, 0), (0, 1), (1, 2), (2, 1), (4, 5)]
+    ends += [(5, 8), (8, 7), (1, 2), (7, 6)]  # a duplicate; 3 is isolated, 6 dangling
+    dense = Case(spark, order, [(u, v, 1.0 + (u * 7 + v) % 5) for u, v in ends])
+    lay = block_state.layout(dense.g.vertices, len(ids), 3)
+    try:
+        at = {r["id"]: (r["block"], r["offset"], r["position"]) for r in lay.positions.collect()}
+    finally:
+        lay.release()
+    assert lay.first == -5 and lay.sizes == (5, 5, 4)
+    assert at == {v: ((v + 5) // 5, (v + 5) % 5, v + 5) for v in ids}
+    gap = Case(spark, [*ids[:-1], 20], [])
+    assert block_state.layout(gap.g.vertices, len(ids), 3).first is None
+
+    rows = pagerank(dense.g, tol=None, max_rounds=4, method="blocks", blocks=3, progress=False)
+    assert close(column(rows.collect(), "pagerank"), power_iteration(dense, 4)[0], 1e-12)
+    rows = connected_components(dense.g, method="blocks", blocks=3, progress=False).collect()
+    assert column(rows, "component") == weak_components(dense.nx)
+    rows = shortest_paths(dense.g, [1, 7], method="blocks", blocks=2, progress=False).collect()
+    expected = {
+        v: {
+            m: nx.shortest_path_length(dense.nx, v, m)
+            for m in (1, 7)
+            if nx.has_path(dense.nx, v, m)
+        }
+        for v in ids
+    }
+    assert {r["id"]: dict(r["distances"]) for r in rows} == expected
+    rows = weighted_shortest_paths(dense.g, -5, method="blocks", blocks=3, progress=False)
+    assert reached(
+        column(rows.collect(), "distance"), nx.single_source_dijkstra_path_length(dense.nx, -5)
+    )
+
+
 @SLOW  # CI: the graphs above and the random graphs below
 @pytest.mark.parametrize("blocks", [None, 1, 2, 3, 50])
 def test_components_on_blocks_match_networkx(spark, small, vector_limit, blocks):
