@@ -114,6 +114,18 @@ def _warm_loads(spark: SparkSession, path: Path, repetitions: int) -> dict[str, 
     return {"s_median": median(seconds), "s": seconds}
 
 
+def _components_check(spark: SparkSession, variant: str, n: int) -> tuple[Any, list[Any]]:
+    """A ``compare_runners`` check of ``variant``'s components against GraphX's labels,
+    and the list where it keeps those labels (read once, from the warm-up)."""
+    labels: list[Any] = []
+
+    def check(results: dict[str, Any]) -> dict[str, Any]:
+        labels.append(graphx_peer.components_of(spark, results["graphx"]))
+        return check_components(results[variant], labels[0], n)
+
+    return check, labels
+
+
 def _round_figures(summary: dict[str, Any]) -> dict[str, Any]:
     """Round 0 (the preparation is in it) and the later rounds of the first measured run."""
     durations = summary["runs"][0]["duration_s"]
@@ -150,11 +162,7 @@ def large_graph(spark: SparkSession, tmp: Path, n: int, m: int, repetitions: int
     )
     log(f"  pagerank: {pr['check']}, ratio {pr['ratio_iterflow_over_graphx']}")
 
-    labels: list[Any] = []
-
-    def check_labels(results: dict[str, Any]) -> dict[str, Any]:
-        labels.append(graphx_peer.components_of(spark, results["graphx"]))
-        return check_components(results["iterflow"], labels[0], n)
+    check_labels, labels = _components_check(spark, "iterflow", n)
 
     cc = compare_runners(
         spark,
@@ -255,11 +263,7 @@ def medium_graph(
 
     jgraph, _, facts = _graphx_graph(spark, tmp, src, dst)
     out["graph"].update(facts)
-    labels: list[Any] = []
-
-    def check_labels(results: dict[str, Any]) -> dict[str, Any]:
-        labels.append(graphx_peer.components_of(spark, results["graphx"]))
-        return check_components(results["blocks"], labels[0], n)
+    check_labels, labels = _components_check(spark, "blocks", n)
 
     blocks_cc = compare_runners(
         spark,

@@ -225,15 +225,7 @@ LABEL_STATE = "block INT, label ARRAY<LONG>, moved ARRAY<BOOLEAN>"
 LABEL_PARTIAL = "to INT, self BOOLEAN, index ARRAY<INT>, value ARRAY<LONG>"
 
 
-def smallest_per_offset(offsets: np.ndarray, labels: np.ndarray) -> tuple[Any, Any]:
-    """Each distinct offset once, with its smallest label."""
-    order = np.lexsort((labels, offsets))
-    offsets, labels = offsets[order], labels[order]
-    first = block_state.first_of_runs(offsets)
-    return offsets[first], labels[first]
-
-
-def label_send(blocks: int, messages: Any) -> block_state.Kernel:
+def label_send(sizes: tuple[int, ...], messages: Any) -> block_state.Kernel:
     """Kernel of a source block: the labels of its vertices that moved last round, sent
     along their edges (an edge file sorted by source: a cost that follows them)."""
 
@@ -249,9 +241,11 @@ def label_send(blocks: int, messages: Any) -> block_state.Kernel:
                 at = block_state.gathered(so, np.flatnonzero(moved))[0]
             messages.inc(len(at))
             heard, to_block, to_offset = label[so[at]], db[at], do[at]
-            for d, sel in enumerate(block_state.by_block(to_block, blocks)):
+            for d, sel in enumerate(block_state.by_block(to_block, len(sizes))):
                 if len(sel):
-                    index, value = smallest_per_offset(to_offset[sel], heard[sel])
+                    index, value = block_state.least_per_offset(
+                        sizes[d], to_offset[sel], heard[sel]
+                    )
                     yield block_state.sparse_row(d, False, index, value, pa.int64())
             yield block_state.sparse_row(s, True, None, label, pa.int64())
 
@@ -299,15 +293,18 @@ def _block_components(
             names=["block", "label", "moved"],
         )
 
-    prepare = block_state.edge_file("connected_components()", by_source=True, distinct=True)
-    send = label_send(lay.blocks, itf.metrics.counter("messages"))
-    receive = label_receive(itf.metrics.counter("active"))
+    step = block_state.block_step(
+        lay,
+        block_state.edge_file("connected_components()", by_source=True, distinct=True),
+        label_send(lay.sizes, itf.metrics.counter("messages")),
+        LABEL_PARTIAL,
+        label_receive(itf.metrics.counter("active")),
+        LABEL_STATE,
+    )
 
     @itf.body
     def components_blocks(labels: DataFrame, edges: DataFrame, ctx: itf.RoundContext) -> Any:
-        files = ctx.columnar(edges, prepare, resident=False)
-        partials = files.map(send, LABEL_PARTIAL, rows=labels, by="block")
-        new_labels = lay.placed(partials, "to").mapInArrow(receive, LABEL_STATE)
+        new_labels = step(labels, edges, ctx)
         return itf.Declaration(feedback={"labels": new_labels}, outputs={"labels": new_labels})
 
     ends = g.edges.where(F.col("src") != F.col("dst"))
@@ -319,13 +316,7 @@ def _block_components(
     )
     if max_rounds is not None:
         iteration = iteration.until(itf.max_rounds(max_rounds))
-    if listen is not None:
-        iteration = iteration.listen(listen)
-    try:
-        final = iteration.run(**run_options).outputs["labels"]
-    finally:
-        lay.release()
-    labelled = block_state.final_rows(lay, block_state.exploded(final, "label"))
+    labelled = block_state.run_labels(iteration, lay, listen, run_options)
     return block_state.apart(lay.named(labelled, "label", "component").select("id", "component"))
 
 

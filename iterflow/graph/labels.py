@@ -123,15 +123,18 @@ def _block_labels(
             names=["block", "label"],
         )
 
-    prepare = block_state.edge_file("label_propagation()", by_source=False, distinct=True)
-    send = vote_send(lay.blocks, itf.metrics.counter("messages"))
-    receive = vote_receive(itf.metrics.counter("active"))
+    step = block_state.block_step(
+        lay,
+        block_state.edge_file("label_propagation()", by_source=False, distinct=True),
+        vote_send(lay.blocks, itf.metrics.counter("messages")),
+        VOTE_PARTIAL,
+        vote_receive(itf.metrics.counter("active")),
+        VOTE_STATE,
+    )
 
     @itf.body
     def label_propagation_blocks(labels: DataFrame, edges: DataFrame, ctx: itf.RoundContext) -> Any:
-        files = ctx.columnar(edges, prepare, resident=False)
-        partials = files.map(send, VOTE_PARTIAL, rows=labels, by="block")
-        new_labels = lay.placed(partials, "to").mapInArrow(receive, VOTE_STATE)
+        new_labels = step(labels, edges, ctx)
         return itf.Declaration(feedback={"labels": new_labels}, outputs={"labels": new_labels})
 
     ends = g.edges.where(F.col("src") != F.col("dst"))
@@ -142,13 +145,7 @@ def _block_labels(
         .until(itf.max_rounds(max_rounds))
         .until(itf.until(lambda progress: progress.metrics.get("active") == 0))
     )
-    if listen is not None:
-        iteration = iteration.listen(listen)
-    try:
-        final = iteration.run(**run_options).outputs["labels"]
-    finally:
-        lay.release()
-    labelled = block_state.final_rows(lay, block_state.exploded(final, "label"))
+    labelled = block_state.run_labels(iteration, lay, listen, run_options)
     found = lay.named(labelled, "label", "named")
     return block_state.apart(found.select("id", F.col("named").alias("label")))
 

@@ -353,16 +353,19 @@ def block_body(
     ``RoundProgress.metrics["messages"]`` counts the edges that carried rank, and
     ``["change"]`` the blocks' L1 changes (its ``sum`` is the round's, which ``tol``
     bounds: read from the metric, it costs no Spark job)."""
-    prepare = block_state.edge_file("pagerank()", by_source=False, distinct=not graphx)
-    send = rank_send(lay.sizes, not graphx, itf.metrics.counter("messages"))
     change = itf.metrics.distribution("change")
-    receive = rank_receive(alpha, lay.vertices, lay.sizes, teleports, change)
+    step = block_state.block_step(
+        lay,
+        block_state.edge_file("pagerank()", by_source=False, distinct=not graphx),
+        rank_send(lay.sizes, not graphx, itf.metrics.counter("messages")),
+        RANK_PARTIAL,
+        rank_receive(alpha, lay.vertices, lay.sizes, teleports, change),
+        RANK_STATE,
+    )
 
     @itf.body
     def pagerank_blocks(ranks: DataFrame, edges: DataFrame, ctx: itf.RoundContext) -> Any:
-        files = ctx.columnar(edges, prepare, resident=False)
-        partials = files.map(send, RANK_PARTIAL, rows=ranks, by="block")
-        new_ranks = lay.placed(partials, "to").mapInArrow(receive, RANK_STATE)
+        new_ranks = step(ranks, edges, ctx)
         return itf.Declaration(
             feedback={"ranks": new_ranks},
             outputs={"ranks": new_ranks},

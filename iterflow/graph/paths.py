@@ -63,7 +63,7 @@ DISTANCE_STATE = "block INT, distance ARRAY<INT>, fresh ARRAY<BOOLEAN>"
 DISTANCE_PARTIAL = "to INT, self BOOLEAN, index ARRAY<INT>, value ARRAY<INT>"
 
 
-def ring_send(blocks: int, marks: int, messages: Any) -> block_state.Kernel:
+def ring_send(sizes: tuple[int, ...], marks: int, messages: Any) -> block_state.Kernel:
     """Kernel of a block: the frontier offers distance + 1 to its vertices' predecessors
     (the edges of the file are reversed and sorted by source: a cost that follows the
     frontier)."""
@@ -78,11 +78,12 @@ def ring_send(blocks: int, marks: int, messages: Any) -> block_state.Kernel:
             messages.inc(len(at))
             index = do[at].astype(np.int64) * marks + fresh[owner] % marks
             offered = distance[fresh[owner]] + 1
-            for d, sel in enumerate(block_state.by_block(db[at], blocks)):
+            for d, sel in enumerate(block_state.by_block(db[at], len(sizes))):
                 if len(sel):
-                    # one round offers one distance: the frontier's + 1
-                    index_d, first = np.unique(index[sel], return_index=True)
-                    value = offered[sel][first]
+                    # one round offers one distance (the frontier's + 1): any will do
+                    index_d, value = block_state.least_per_offset(
+                        sizes[d] * marks, index[sel], offered[sel]
+                    )
                     yield block_state.sparse_row(d, False, index_d, value, pa.int32())
             yield block_state.sparse_row(s, True, None, distance, pa.int32())
 
@@ -165,15 +166,18 @@ def _block_paths(
             names=["block", "distance", "fresh"],
         )
 
-    prepare = block_state.edge_file("shortest_paths()", by_source=True, distinct=True)
-    send = ring_send(lay.blocks, marks, itf.metrics.counter("messages"))
-    receive = ring_receive(itf.metrics.counter("active"))
+    step = block_state.block_step(
+        lay,
+        block_state.edge_file("shortest_paths()", by_source=True, distinct=True),
+        ring_send(lay.sizes, marks, itf.metrics.counter("messages")),
+        DISTANCE_PARTIAL,
+        ring_receive(itf.metrics.counter("active")),
+        DISTANCE_STATE,
+    )
 
     @itf.body
     def shortest_paths_blocks(distances: DataFrame, edges: DataFrame, ctx: itf.RoundContext) -> Any:
-        files = ctx.columnar(edges, prepare, resident=False)
-        partials = files.map(send, DISTANCE_PARTIAL, rows=distances, by="block")
-        new = lay.placed(partials, "to").mapInArrow(receive, DISTANCE_STATE)
+        new = step(distances, edges, ctx)
         return itf.Declaration(feedback={"distances": new}, outputs={"distances": new})
 
     iteration = (
