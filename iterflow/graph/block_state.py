@@ -102,10 +102,16 @@ class Layout:
     def vertices(self) -> int:
         return int(sum(self.sizes))
 
-    def placed(self, df: DataFrame, block: str = "block") -> DataFrame:
+    @property
+    def dense(self) -> tuple[int, int, int] | None:
+        """``(first, step, n)`` of a dense layout (for ``edge_file``), else None."""
+        return None if self.first is None else (self.first, self.step, self.vertices)
+
+    def placed(self, df: DataFrame, block: str | Column = "block") -> DataFrame:
         """``df`` in ``blocks`` partitions, the rows of block b (column ``block``) in the b-th."""
         keys = F.array(*(F.lit(k).cast("bigint") for k in self.keys))  # hashed as bigint
-        return df.repartition(self.blocks, F.element_at(keys, F.col(block) + 1))
+        number = F.col(block) if isinstance(block, str) else block
+        return df.repartition(self.blocks, F.element_at(keys, number + 1))
 
     def per_block(self, kernel: Kernel, schema: str) -> DataFrame:
         """One row per block made by ``kernel(block)`` (a batch), in the block's partition:
@@ -136,11 +142,16 @@ class Layout:
                 F.col("id").alias(id_), F.col("block").alias(block), F.col("offset").alias(offset)
             )
             return df.join(apart(known), id_, "left")
-        at = self._relative(F.col(id_))
-        number = F.floor(at / F.lit(self.step)).cast("int")
+        number, at = self.place_of(id_)
         return df.withColumns(
             {block: number, offset: (at - number.cast("long") * self.step).cast("int")}
         )
+
+    def place_of(self, id_: str) -> tuple[Column, Column]:
+        """On a dense layout, the block of column ``id_`` and its position (null for an id
+        that is no vertex's)."""
+        at = self._relative(F.col(id_))
+        return F.floor(at / F.lit(self.step)).cast("int"), at
 
     def named(self, df: DataFrame, position: str, name: str) -> DataFrame:
         """``df`` with column ``name``: the id of the vertex at ``position`` (a position in
@@ -265,34 +276,32 @@ def edge_rows(
             *(F.col(c) for c in columns),
         )
         ends = ends.unionByName(turned)
+    if lay.first is not None:  # the edge file places both ends itself
+        return lay.placed(ends, lay.place_of("src")[0])
     placed = lay.place(lay.place(ends, "src", "sb", "so"), "dst", "db", "do")
     return lay.placed(placed, "sb")
 
 
 def edge_file(
-    who: str, *, by_source: bool, distinct: bool, columns: tuple[str, ...] = ()
+    who: str,
+    *,
+    by_source: bool,
+    distinct: bool,
+    columns: tuple[str, ...] = (),
+    dense: tuple[int, int, int] | None = None,
 ) -> Callable[[pa.Table], pa.Table]:
     """A ``columnar`` prepare step for one source block's edges (``edge_rows``): a
     ``GraphError`` for an end that is no vertex; self-loops kept; duplicates dropped with
     ``distinct``; sorted by source offset (``by_source``) or by destination block; the
     columns ``so``, ``db``, ``do`` (int32), ``columns``, and for the kernels of PageRank
-    ``share`` (1 / the source's out-degree) and ``first`` (the source's first edge)."""
+    ``share`` (1 / the source's out-degree) and ``first`` (the source's first edge).
+    ``dense`` (``Layout.dense``): the rows hold ids only, placed here by arithmetic."""
 
     def prepare(table: pa.Table) -> pa.Table:
-        strays = pc.or_(pc.is_null(table["so"]), pc.is_null(table["do"]))
-        if table.num_rows and pc.any(strays).as_py():
-            bad = table.filter(strays).slice(0, 6)
-            turned = bad[TURNED].to_pylist() if TURNED in bad.column_names else [False] * 6
-            found = [
-                (given if turned[i] else end, bad[end][i].as_py())
-                for i in range(bad.num_rows)
-                for end, at, given in (("src", "so", "dst"), ("dst", "do", "src"))
-                if not bad[at][i].is_valid
-            ]
-            raise GraphError(stray_ends(who, list(dict.fromkeys(found))[:3]))
-        so, db, do = (
-            table[c].to_numpy(zero_copy_only=False).astype(np.int32) for c in ("so", "db", "do")
-        )
+        ends = _dense_ends(table, dense) if dense is not None else _joined_ends(table)
+        (sb, so, so_ok), (db, do, do_ok) = ends
+        if not (so_ok.all() and do_ok.all()):
+            raise GraphError(stray_ends(who, _strays(table, so_ok, do_ok)))
         kept = {c: table[c] for c in columns}
         order = sort_order(*((so, db, do) if by_source else (db, so, do)))
         so, db, do = so[order], db[order], do[order]
@@ -301,19 +310,68 @@ def edge_file(
             new = first_of_runs(so, db, do)
             so, db, do = so[new], db[new], do[new]
             kept = {c: v.filter(pa.array(new)) for c, v in kept.items()}
-        sources, first_at, degree = np.unique(so, return_index=True, return_counts=True)
-        first = np.zeros(len(so), dtype=bool)
-        first[first_at] = True
-        share = np.zeros(len(so))
-        if len(so):
-            share = 1.0 / degree[np.searchsorted(sources, so)]
-        edges = pa.table({"so": so, "db": db, "do": do, **kept, "share": share, "first": first})
-        held = pc.unique(table["sb"]).drop_null().to_pylist() if table.num_rows else []
+        edges = pa.table({"so": so, "db": db, "do": do, **kept, **_shares(so)})
+        held = np.unique(sb).tolist()
         if len(held) > 1:
             raise GraphError(f"{who}: an edge file holds source blocks {held[:3]}; expected one")
         return edges.replace_schema_metadata({"block": str(held[0])} if held else None)
 
     return prepare
+
+
+End = tuple[np.ndarray, np.ndarray, np.ndarray]  # block, offset (int32), is a vertex
+
+
+def _joined_ends(table: pa.Table) -> tuple[End, End]:
+    """Both ends' places, from the columns that the joins of ``edge_rows`` added."""
+
+    def end(block: str, offset: str) -> End:
+        known = pc.is_valid(table[offset]).to_numpy(zero_copy_only=False)
+        places = [pc.fill_null(table[c], 0).to_numpy().astype(np.int32) for c in (block, offset)]
+        return places[0], places[1], known
+
+    return end("sb", "so"), end("db", "do")
+
+
+def _dense_ends(table: pa.Table, dense: tuple[int, int, int]) -> tuple[End, End]:
+    """Both ends' places on a dense layout, computed from the ids."""
+    first, step, n = dense
+
+    def end(name: str) -> End:
+        at = pc.fill_null(pc.cast(table[name], pa.int64()), first - 1).to_numpy() - first
+        known = (at >= 0) & (at < n)
+        at = np.where(known, at, 0)
+        block = at // step
+        return block.astype(np.int32), (at - block * step).astype(np.int32), known
+
+    return end("src"), end("dst")
+
+
+def _strays(table: pa.Table, so_ok: np.ndarray, do_ok: np.ndarray) -> list[tuple[str, Any]]:
+    """Up to 3 ends that are no vertex, named as the edge was given (``TURNED`` rows were
+    turned around by ``edge_rows``)."""
+    rows = np.flatnonzero(~(so_ok & do_ok))[:6]
+    turned = table[TURNED].to_pylist() if TURNED in table.column_names else None
+    found = []
+    for i in rows.tolist():
+        is_turned = bool(turned[i]) if turned is not None else False
+        for end, ok, given in (("src", so_ok, "dst"), ("dst", do_ok, "src")):
+            if not ok[i]:
+                found.append((given if is_turned else end, table[end][i].as_py()))
+    return list(dict.fromkeys(found))[:3]
+
+
+def _shares(so: np.ndarray) -> dict[str, np.ndarray]:
+    """``share`` (1 / the out-degree of each edge's source) and ``first`` (True at the
+    first edge of each source)."""
+    if not len(so):
+        return {"share": np.zeros(0), "first": np.zeros(0, dtype=bool)}
+    degree = np.bincount(so)
+    at = np.full(len(degree), len(so))
+    np.minimum.at(at, so, np.arange(len(so)))
+    first = np.zeros(len(so), dtype=bool)
+    first[at[degree > 0]] = True
+    return {"share": 1.0 / degree[so], "first": first}
 
 
 def sort_order(*keys: np.ndarray) -> np.ndarray:

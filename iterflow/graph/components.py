@@ -295,7 +295,9 @@ def _block_components(
 
     step = block_state.block_step(
         lay,
-        block_state.edge_file("connected_components()", by_source=True, distinct=True),
+        block_state.edge_file(
+            "connected_components()", by_source=True, distinct=True, dense=lay.dense
+        ),
         label_send(lay.sizes, itf.metrics.counter("messages")),
         LABEL_PARTIAL,
         label_receive(itf.metrics.counter("active")),

@@ -125,7 +125,9 @@ def _block_labels(
 
     step = block_state.block_step(
         lay,
-        block_state.edge_file("label_propagation()", by_source=False, distinct=True),
+        block_state.edge_file(
+            "label_propagation()", by_source=False, distinct=True, dense=lay.dense
+        ),
         vote_send(lay.blocks, itf.metrics.counter("messages")),
         VOTE_PARTIAL,
         vote_receive(itf.metrics.counter("active")),

@@ -356,7 +356,7 @@ def block_body(
     change = itf.metrics.distribution("change")
     step = block_state.block_step(
         lay,
-        block_state.edge_file("pagerank()", by_source=False, distinct=not graphx),
+        block_state.edge_file("pagerank()", by_source=False, distinct=not graphx, dense=lay.dense),
         rank_send(lay.sizes, not graphx, itf.metrics.counter("messages")),
         RANK_PARTIAL,
         rank_receive(alpha, lay.vertices, lay.sizes, teleports, change),

@@ -168,7 +168,7 @@ def _block_paths(
 
     step = block_state.block_step(
         lay,
-        block_state.edge_file("shortest_paths()", by_source=True, distinct=True),
+        block_state.edge_file("shortest_paths()", by_source=True, distinct=True, dense=lay.dense),
         ring_send(lay.sizes, marks, itf.metrics.counter("messages")),
         DISTANCE_PARTIAL,
         ring_receive(itf.metrics.counter("active")),

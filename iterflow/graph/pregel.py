@@ -311,7 +311,9 @@ class PregelProgram:
                 "src", "dst", *(F.col(c).alias(_EDGE + c) for c in g.edges.columns)
             )
             gather = BlockGather(
-                block_state.edge_file("pregel()", by_source=True, distinct=False, columns=kept),
+                block_state.edge_file(
+                    "pregel()", by_source=True, distinct=False, columns=kept, dense=lay.dense
+                ),
                 edges.select(*kept).schema,
             )
             out_edges = block_state.edge_rows(lay, edges, columns=kept)
