@@ -51,6 +51,7 @@ def test_a_killed_run_resumes_with_every_sink_epoch_written_once(
     assert rows == sink_rows(SINK_ROUNDS)  # each epoch once, as an uninterrupted run
 
 
+@pytest.mark.slow_spark  # a second kill-and-resume job; CI keeps the others
 def test_a_kill_inside_a_nested_run_resumes_at_the_outer_round(tmp_path: Path) -> None:
     log = tmp_path / "events.jsonl"
     interrupted = 4  # an outer round after the checkpoint of epoch 3

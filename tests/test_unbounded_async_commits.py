@@ -43,6 +43,7 @@ def iterflow_committed(epochs: Path) -> int:
     return int(driver.stream.batch_id)
 
 
+@pytest.mark.slow_spark  # a second kill-and-resume job; CI keeps the others
 def test_a_killed_stream_with_background_commits_replays_what_spark_committed_after_them(
     spark, tmp_path: Path
 ):
