@@ -11,7 +11,9 @@ import networkx as nx
 import pytest
 from child_jobs import run_job
 
-pytestmark = pytest.mark.spark
+# Starts a local cluster of its own: with the slow tests (`bash run.sh test --slow`);
+# CI keeps test_fault_cluster.py.
+pytestmark = [pytest.mark.spark, pytest.mark.slow_spark]
 
 JOB = Path(__file__).with_name("resident_cluster_job.py")
 ROWS = 3_000

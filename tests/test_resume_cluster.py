@@ -13,7 +13,7 @@ from child_jobs import run_job
 from resume_cluster_job import ROWS
 
 # Each starts a local cluster of its own: with the slow tests (`bash run.sh test --slow`);
-# CI keeps test_fault_cluster.py and test_resident_cluster.py.
+# CI keeps test_fault_cluster.py.
 pytestmark = [pytest.mark.spark, pytest.mark.slow_spark]
 
 JOB = Path(__file__).with_name("resume_cluster_job.py")
