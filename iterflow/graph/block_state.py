@@ -128,11 +128,14 @@ class Layout:
             numbers.select(F.col("id").cast("int").alias("block")).mapInArrow(make, schema)
         )
 
-    def _relative(self, id_: Column) -> Column:
-        """A dense layout's position of ``id_``: null when it is no vertex's id."""
-        assert self.first is not None
-        at = id_.cast("long") - F.lit(self.first)
-        return F.when((at >= 0) & (at < F.lit(self.vertices)), at)
+    def find(self, values: dict[Any, Any], kind: str) -> list[tuple[Any, int, int, Any]]:
+        """``(id, block, offset, value)`` of each id of ``values`` (an id to a value of Spark
+        type ``kind``) that is a vertex's; the others are left out (one small job)."""
+        spark = self.positions.sparkSession
+        id_type = self.positions.schema["id"].dataType.simpleString()
+        asked = spark.createDataFrame(list(values.items()), f"id {id_type}, value {kind}")
+        found = asked.join(self.positions, "id").select("id", "block", "offset", "value")
+        return [(r[0], int(r[1]), int(r[2]), r[3]) for r in found.collect()]
 
     def place(self, df: DataFrame, id_: str, block: str, offset: str) -> DataFrame:
         """``df`` with the ``block`` and ``offset`` of its column ``id_`` (null for an id
@@ -142,16 +145,14 @@ class Layout:
                 F.col("id").alias(id_), F.col("block").alias(block), F.col("offset").alias(offset)
             )
             return df.join(apart(known), id_, "left")
-        number, at = self.place_of(id_)
-        return df.withColumns(
-            {block: number, offset: (at - number.cast("long") * self.step).cast("int")}
-        )
+        number, within, _ = self.place_of(id_)
+        return df.withColumns({block: number, offset: within})
 
-    def place_of(self, id_: str) -> tuple[Column, Column]:
-        """On a dense layout, the block of column ``id_`` and its position (null for an id
-        that is no vertex's)."""
-        at = self._relative(F.col(id_))
-        return F.floor(at / F.lit(self.step)).cast("int"), at
+    def place_of(self, id_: str) -> tuple[Column, Column, Column]:
+        """On a dense layout, the block, offset and position of column ``id_`` (null for an
+        id that is no vertex's)."""
+        assert self.first is not None
+        return _dense_place(F.col(id_), self.first, self.step, self.vertices)
 
     def named(self, df: DataFrame, position: str, name: str) -> DataFrame:
         """``df`` with column ``name``: the id of the vertex at ``position`` (a position in
@@ -197,13 +198,9 @@ def layout(vertices: DataFrame, n: int, blocks: int) -> Layout:
     lowest = _dense_start(ids, n)
     if lowest is not None:
         step = max(-(-n // blocks), 1)
-        at = F.col("id").cast("long") - F.lit(lowest)
-        number = F.floor(at / F.lit(step)).cast("int")
+        number, offset, at = _dense_place(F.col("id"), lowest, step, n)
         dense = ids.select(
-            "id",
-            number.alias("block"),
-            (at - number.cast("long") * step).cast("int").alias("offset"),
-            at.alias("position"),
+            "id", number.alias("block"), offset.alias("offset"), at.alias("position")
         )
         sizes = tuple(int(min(max(n - b * step, 0), step)) for b in range(blocks))
         return Layout(blocks, sizes, _placement_keys(spark, blocks), dense, lowest, step)
@@ -228,6 +225,15 @@ def layout(vertices: DataFrame, n: int, blocks: int) -> Layout:
         "position", F.element_at(first, F.col("block") + 1).cast("long") + F.col("offset")
     ).persist()
     return Layout(blocks, sizes, _placement_keys(spark, blocks), positions)
+
+
+def _dense_place(id_: Column, first: int, step: int, n: int) -> tuple[Column, Column, Column]:
+    """Block, offset and position of ``id_`` in the dense layout of the ids ``first ..
+    first + n - 1`` in blocks of ``step`` (null for any other id)."""
+    shifted = id_.cast("long") - F.lit(first)
+    at = F.when((shifted >= 0) & (shifted < F.lit(n)), shifted)
+    number = F.floor(at / F.lit(step)).cast("int")
+    return number, (at - number.cast("long") * step).cast("int"), at
 
 
 def _dense_start(ids: DataFrame, n: int) -> int | None:
@@ -256,8 +262,9 @@ def edge_rows(
     both: bool = False,
     columns: tuple[str, ...] = (),
 ) -> DataFrame:
-    """``edges`` with the block and offset of both ends (``sb``, ``so``, ``db``, ``do``;
-    null for an end that is no vertex), in the partition of their source block; with
+    """``edges`` in the partition of their source block, with the block and offset of both
+    ends (``sb``, ``so``, ``db``, ``do``; null for an end that is no vertex), except on a
+    dense layout, whose edge files compute them from the ids (``edge_file(dense=...)``); with
     ``reverse`` every edge is turned around, with ``both`` every edge is there both ways.
     ``columns`` are kept as they are; ``TURNED`` marks the turned rows, so that an error
     names the end of the edge as given."""
@@ -517,15 +524,22 @@ def block_step(
     return step
 
 
-def run_labels(iteration: Any, lay: Layout, listen: Any, run_options: Any) -> DataFrame:
-    """Run ``iteration`` (``listen`` called after every round) and release ``lay``: its
-    ``labels`` output as ``id`` and ``label`` (a position) rows."""
+def run_on_blocks(
+    iteration: Any, lay: Layout, listen: Any, run_options: Any, output: str
+) -> DataFrame:
+    """Run ``iteration`` (``listen`` called after every round) and release ``lay``: the
+    state rows of its ``output``."""
     if listen is not None:
         iteration = iteration.listen(listen)
     try:
-        final = iteration.run(**run_options).outputs["labels"]
+        return iteration.run(**run_options).outputs[output]
     finally:
         lay.release()
+
+
+def run_labels(iteration: Any, lay: Layout, listen: Any, run_options: Any) -> DataFrame:
+    """``run_on_blocks`` of a ``labels`` output, as ``id`` and ``label`` (a position) rows."""
+    final = run_on_blocks(iteration, lay, listen, run_options, "labels")
     return final_rows(lay, exploded(final, "label"))
 
 

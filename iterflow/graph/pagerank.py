@@ -387,24 +387,19 @@ def _block_teleports(
     if personalization is None:
         return None
     _check_weights(personalization.values())
-    spark = lay.positions.sparkSession
-    id_type = lay.positions.schema["id"].dataType.simpleString()
-    asked = spark.createDataFrame(
-        [(k, float(w)) for k, w in personalization.items()], f"id {id_type}, weight DOUBLE"
-    )
-    found = asked.join(lay.positions, "id").select("id", "block", "offset", "weight").collect()
-    known = {r["id"] for r in found}
+    found = lay.find({k: float(w) for k, w in personalization.items()}, "DOUBLE")
+    known = {id_ for id_, _, _, _ in found}
     unknown = [v for v in personalization if v not in known]
     if unknown:
         raise GraphError(
             f"pagerank(personalization=...) names vertices that are not in the graph: {unknown[:5]}"
         )
-    total = sum(r["weight"] for r in found)
+    total = sum(weight for _, _, _, weight in found)
     by: dict[int, tuple[list[int], list[float]]] = {}
-    for r in found:
-        offsets, shares = by.setdefault(int(r["block"]), ([], []))
-        offsets.append(int(r["offset"]))
-        shares.append(float(r["weight"]) / total)
+    for _, block, offset, weight in found:
+        offsets, shares = by.setdefault(block, ([], []))
+        offsets.append(offset)
+        shares.append(float(weight) / total)
     return {b: (np.asarray(o), np.asarray(w)) for b, (o, w) in by.items()}
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StructField, StructType
+from pyspark.sql.types import StructField, StructType
 
 import iterflow as itf
 from iterflow.errors import raised_again
@@ -143,14 +143,9 @@ def _block_paths(
     spark = g.vertices.sparkSession
     lay = block_state.layout(g.vertices, n, block_state.block_count(spark, n, 0, blocks))
     id_type = g.vertices.schema["id"].dataType
-    asked = spark.createDataFrame(
-        [(m, i) for i, m in enumerate(chosen)],
-        StructType([StructField("id", id_type), StructField("mark", LongType())]),
-    )
-    found = asked.join(lay.positions, "id").select("block", "offset", "mark").collect()
     starting: dict[int, list[tuple[int, int]]] = {}
-    for r in found:
-        starting.setdefault(int(r["block"]), []).append((int(r["offset"]), int(r["mark"])))
+    for _, block, offset, mark in lay.find({m: i for i, m in enumerate(chosen)}, "BIGINT"):
+        starting.setdefault(block, []).append((offset, int(mark)))
     marks, sizes = len(chosen), lay.sizes
 
     def first(block: int) -> Any:
@@ -186,12 +181,7 @@ def _block_paths(
         .bind("edges", block_state.edge_rows(lay, g.edges, reverse=True), replay=True)
         .until(itf.until(lambda progress: progress.metrics.get("active") == 0))
     )
-    if listen is not None:
-        iteration = iteration.listen(listen)
-    try:
-        final = iteration.run(**run_options).outputs["distances"]
-    finally:
-        lay.release()
+    final = block_state.run_on_blocks(iteration, lay, listen, run_options, "distances")
     rows = final.mapInArrow(_per_vertex(marks), "block INT, offset INT, distance ARRAY<INT>")
     landmarks = F.array(*(F.lit(m).cast(id_type) for m in chosen))
     pairs = F.zip_with(
