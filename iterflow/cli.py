@@ -234,7 +234,7 @@ def _add_converge(commands: _Commands) -> None:
     )
     converge.add_argument("--list", action="store_true", help="list the cases and exit")
     converge.add_argument(
-        "--master", default="local[2]", help="Spark master of the embedded session (local[2])"
+        "--master", default=None, help="Spark master (default: the configured one, or local[*])"
     )
     converge.set_defaults(run=run_converge)
 

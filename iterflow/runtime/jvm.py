@@ -7,11 +7,12 @@ has no JVM handle (Spark Connect), touches one file.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
 
-from pyspark import SparkContext
+from pyspark import SparkConf, SparkContext
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 from pyspark.sql.types import StructType
@@ -553,3 +554,39 @@ def jvm_pid(spark: SparkSession) -> int:
     """The process id of the driver's JVM."""
     jvm: Any = spark._jvm
     return int(jvm.java.lang.ProcessHandle.current().pid())
+
+
+#: Settings PySpark's own launcher (``pyspark-shell``) writes when nothing was configured:
+#: they are not the user's choice, so they do not count as configured.
+_LAUNCHER_PLACEHOLDERS = {
+    "spark.app.name": "pyspark-shell",
+    "spark.master": "local[*]",
+    "spark.ui.showConsoleProgress": "true",
+}
+
+
+def configured_settings(driver_memory: str) -> dict[str, str]:
+    """The Spark settings this process was configured with: spark-submit's ``--master``,
+    ``--name`` and ``--conf``, ``spark-defaults.conf``, ``PYSPARK_SUBMIT_ARGS``.
+
+    Starts the JVM when this process has none yet, with ``driver_memory`` as the lowest
+    precedence default (the ``SPARK_DRIVER_MEMORY`` variable, which every configured
+    ``spark.driver.memory`` overrides). When PySpark launched the JVM itself rather than
+    spark-submit, the launcher's placeholders are left out.
+    """
+    launched_by_spark = "PYSPARK_GATEWAY_PORT" in os.environ
+    if SparkContext._gateway is None and not launched_by_spark:
+        before = os.environ.get("SPARK_DRIVER_MEMORY")
+        os.environ.setdefault("SPARK_DRIVER_MEMORY", driver_memory)
+        try:
+            SparkContext._ensure_initialized()
+        finally:
+            if before is None:
+                os.environ.pop("SPARK_DRIVER_MEMORY", None)
+    SparkContext._ensure_initialized()
+    settings = dict(SparkConf().getAll())
+    if not launched_by_spark:
+        for key, placeholder in _LAUNCHER_PLACEHOLDERS.items():
+            if settings.get(key) == placeholder:
+                del settings[key]
+    return settings

@@ -10,19 +10,26 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from iterflow.errors import IterflowValueError
+from iterflow.runtime.jvm import configured_settings
 
 #: Settings of the embedded session: few shuffle partitions for a small local
 #: machine, no console progress bar (it garbles iterflow's own output).
 EMBEDDED_DEFAULTS: Mapping[str, str] = {
     "spark.ui.showConsoleProgress": "false",
-    "spark.driver.memory": "2g",
     "spark.sql.shuffle.partitions": str(max(4, 2 * (os.cpu_count() or 2))),
     "spark.sql.session.timeZone": "UTC",
 }
+#: The driver's memory when nothing configures it and iterflow starts the JVM.
+EMBEDDED_DRIVER_MEMORY = "2g"
+#: Settings that only count when the driver's JVM starts, never on a running one.
+_LAUNCH_SETTINGS = ("spark.driver.memory",)
 
 
 def session() -> SparkSession:
-    """The active SparkSession, or a new embedded local one (``local[*]``)."""
+    """The active SparkSession, or a new one: on the master configured for this process
+    (spark-submit's ``--master``, ``spark-defaults.conf``, ``PYSPARK_SUBMIT_ARGS``) with
+    every configured setting, or, when no master is configured at all, an embedded local
+    one (``local[*]``) with iterflow's defaults."""
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
@@ -30,20 +37,36 @@ def session() -> SparkSession:
 
 
 def embedded_session(
-    master: str = "local[*]",
+    master: str | None = None,
     *,
     app_name: str = "iterflow",
     conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
-    """Start (or get) a session on ``master`` with iterflow's defaults, overridable by ``conf``.
+    """Start (or get) a classic session that honours what this process was configured with.
+
+    ``master`` is an explicit choice (a ``--master`` option, a test's master) and wins;
+    otherwise the configured master is used, or ``local[*]`` when none is. The configured
+    app name and settings win over ``app_name`` and ``conf``, which fill in only what is
+    not configured, as do iterflow's ``EMBEDDED_DEFAULTS`` when no master is configured.
+    Under ``SPARK_REMOTE`` (Spark Connect) the session is PySpark's own.
 
     Python workers run this interpreter (``PYSPARK_PYTHON``), so they see the
     same installed packages as the driver.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in {**EMBEDDED_DEFAULTS, **(conf or {})}.items():
-        builder = builder.config(key, value)
+    if os.environ.get("SPARK_REMOTE"):
+        return SparkSession.builder.getOrCreate()
+    wanted = dict(conf or {})
+    configured = configured_settings(wanted.get("spark.driver.memory", EMBEDDED_DRIVER_MEMORY))
+    builder = SparkSession.builder
+    if master is not None or "spark.master" not in configured:
+        builder = builder.master(master or "local[*]")
+    if "spark.app.name" not in configured:
+        builder = builder.appName(app_name)
+    defaults = {} if "spark.master" in configured else EMBEDDED_DEFAULTS
+    for key, value in {**defaults, **wanted}.items():
+        if key not in configured and key not in _LAUNCH_SETTINGS:
+            builder = builder.config(key, value)
     return builder.getOrCreate()
 
 
