@@ -6,7 +6,9 @@ reference (networkx, numpy)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import logging
 import os
 import signal
 import socket
@@ -14,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import attrs
 import networkx as nx
 import numpy as np
 import pyarrow as pa
@@ -25,7 +28,7 @@ import iterflow as itf
 from iterflow.graph import Graph, pagerank
 from iterflow.ml import kmeans, logistic_regression
 from iterflow.runtime import resident
-from iterflow.runtime.dataplane import DataPlane, call_options
+from iterflow.runtime.dataplane import Credentials, DataPlane, KeyPair, connect
 from iterflow.runtime.resident import MAX_BYTES_CONF, PORT_CONF, RESIDENT_CONF
 
 pytestmark = pytest.mark.spark
@@ -311,7 +314,7 @@ def test_an_unreachable_data_plane_falls_back_or_fails_under_on(spark, tmp_path,
         with socket.socket() as probe:  # a port nothing listens on
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
-        plane.location = f"grpc+tcp://127.0.0.1:{port}"
+        plane.credentials = attrs.evolve(plane.credentials, location=f"grpc+tcp://127.0.0.1:{port}")
         return plane
 
     monkeypatch.setattr(resident.ResidentPolicy, "_data_plane", unreachable)
@@ -361,9 +364,10 @@ def test_the_data_plane_refuses_calls_without_the_run_secret():
         client = flight.FlightClient(plane.location)
         ping = flight.Action("ping", b"")
         assert [
-            r.body.to_pybytes() for r in client.do_action(ping, call_options(plane.secret))
+            r.body.to_pybytes() for r in client.do_action(ping, plane.credentials.call_options())
         ] == [b"ok"]
-        for options in (flight.FlightCallOptions(timeout=5), call_options("0" * 64, timeout=5)):
+        wrong = Credentials(plane.location, "0" * 64)
+        for options in (flight.FlightCallOptions(timeout=5), wrong.call_options(timeout=5)):
             with pytest.raises(flight.FlightUnauthenticatedError):
                 list(client.do_action(ping, options))
             descriptor = flight.FlightDescriptor.for_command(b"{}")
@@ -371,6 +375,63 @@ def test_the_data_plane_refuses_calls_without_the_run_secret():
                 _writer, reader = client.do_exchange(descriptor, options)
                 reader.read_chunk()
         assert plane.refused >= 4
+    finally:
+        plane.close()
+
+
+def test_the_tls_data_plane_admits_only_this_runs_tasks_and_they_only_this_server():
+    """With Spark's security on, the data plane speaks TLS: a task holding the run's
+    credentials exchanges messages; a cleartext client, a client without the run's client
+    certificate or with another one, and one without the secret are all refused before any
+    handler sees them; a task pinned to another run's certificate does not talk to it."""
+    plane = DataPlane("127.0.0.1", "127.0.0.1", 0, tls=True)
+    handled: list[dict] = []
+
+    def echo(hello, channel):
+        handled.append(hello)
+        channel.send({"echo": channel.receive()})
+
+    plane.register("job", echo)
+    good = plane.credentials
+    other = KeyPair.make()
+    ping = flight.Action("ping", b"")
+    try:
+        assert good.location.startswith("grpc+tls://")
+        channel = connect(good, {"job": "job", "task": 0}, timeout=10)
+        channel.send([1, 2, 3])
+        assert channel.receive() == {"echo": [1, 2, 3]}
+        assert handled == [{"job": "job", "task": 0}]
+
+        cleartext = flight.FlightClient(good.location.replace("grpc+tls", "grpc+tcp"))
+        no_client_cert = flight.FlightClient(
+            good.location, tls_root_certs=good.server_cert, override_hostname="iterflow-data-plane"
+        )
+        wrong_client = attrs.evolve(good, client=other).client_for()
+        for client in (cleartext, no_client_cert, wrong_client):
+            with pytest.raises((flight.FlightUnavailableError, flight.FlightTimedOutError)):
+                list(client.do_action(ping, good.call_options(timeout=5)))
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            list(good.client_for().do_action(ping, flight.FlightCallOptions(timeout=5)))
+        pinned_elsewhere = attrs.evolve(good, server_cert=other.cert)
+        with pytest.raises((flight.FlightUnavailableError, flight.FlightTimedOutError)):
+            connect(pinned_elsewhere, {"job": "job", "task": 1}, timeout=5)
+        assert len(handled) == 1
+        assert "secret" not in repr(good) and good.secret not in repr(good)
+    finally:
+        plane.close()
+
+
+def test_the_data_plane_listens_and_is_reached_on_ipv6():
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    try:
+        plane = DataPlane("::1", "::1", 0)
+    except itf.IterflowError as error:
+        pytest.skip(f"no IPv6 loopback: {error}")
+    plane.register("job", lambda hello, channel: channel.send(hello["task"]))
+    try:
+        assert plane.location.startswith("grpc+tcp://[::1]:")
+        assert connect(plane.credentials, {"job": "job", "task": 7}, timeout=10).receive() == 7
     finally:
         plane.close()
 
@@ -680,3 +741,58 @@ def test_kernel_columns_are_taken_by_position_and_a_wrong_count_is_named(spark):
         pytest.raises(itf.RoundError, match=r"epoch 0.*1 column\(s\) \['s'\].*total, n"),
     ):
         run(too_few)
+
+
+def finishes_within(spark, seconds: float, run):
+    """``run()``'s value, or a failure (its jobs cancelled) when it has not finished in
+    ``seconds``: a deadlock fails the test instead of hanging it."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(run)
+        try:
+            return future.result(timeout=seconds)
+        except concurrent.futures.TimeoutError:
+            spark.sparkContext.cancelAllJobs()
+            pytest.fail(f"did not finish within {seconds:.0f} s: resident tasks took every slot")
+
+
+def test_a_resident_run_nested_in_a_resident_run_finishes(spark, tmp_path, caplog):
+    """Resident slots are counted per SparkContext, not per run: the outer run's resident task
+    holds one of local[2]'s two slots, so a run nested in its round, whose body runs a Spark
+    job, takes none (it runs its kernels as jobs, with the reason and a warning) instead of
+    the last slot, which its own job would then wait for forever."""
+    points = spark.createDataFrame(pa.table({"x": np.arange(100.0)})).repartition(2)
+    inner: list = []
+
+    @itf.body
+    def counting(acc, points, ctx):
+        rows = points.count()  # a Spark job inside the nested round
+        data = ctx.columnar(points)
+        total = data.map(
+            lambda table: pa.table({"s": [float(np.sum(table["x"].to_numpy()))]}), "s DOUBLE"
+        )
+        new_acc = total.selectExpr(f"sum(s) + {rows} AS acc")
+        return itf.Declaration(feedback={"acc": new_acc}, outputs={"acc": new_acc})
+
+    def nested(end: itf.RoundEnd) -> None:
+        if end.epoch == 0:
+            run = itf.BoundedIteration(counting).bind("acc", zero(spark)).bind("points", points)
+            inner.append(
+                run.until(itf.max_rounds(2)).run(progress=False, event_log=tmp_path / "in.jsonl")
+            )
+
+    def outer():
+        it = itf.BoundedIteration(sums_body()).bind("acc", zero(spark)).bind("points", points)
+        return it.until(itf.max_rounds(2)).listen(nested).run(progress=False)
+
+    with caplog.at_level(logging.WARNING, logger="iterflow.resident"):
+        result = finishes_within(spark, 240, outer)
+    assert result.outputs["acc"].first()["acc"] == 3 * sum(range(100))
+    assert inner[0].outputs["acc"].first()["acc"] == sum(range(100)) + 100
+    described = started_event(tmp_path / "in.jsonl")["resident"]
+    assert described["mode"] == "jobs" and "held by resident tasks" in described["reason"]
+    assert any("fewer free task slots" in r.getMessage() for r in caplog.records)
+    assert result.history[-1].resident and not inner[0].history[-1].resident
+
+
+def zero(spark):
+    return spark.createDataFrame([(0.0,)], "acc double")

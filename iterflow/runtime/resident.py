@@ -24,12 +24,16 @@ checkpoints are the loop's, and the tasks do nothing unless asked. They end when
 the run ends, fails or is interrupted: closing their streams ends them, and the
 resident job's group is cancelled besides.
 
-Slots: resident tasks hold their task slots for the whole run, while a round may
-also run ordinary Spark jobs (DataFrame steps, observations, checkpoint writes).
-So all the resident tasks of a run together take at most half the cluster's
-task slots (one task on ``local[2]``, four on ``local[8]``); with fewer than two slots
-nothing is made resident. A resident task runs the kernels of its partitions one
-after another.
+Slots and memory: resident tasks hold their task slots and their memory for the
+whole run, while a round may also run ordinary Spark jobs (DataFrame steps,
+observations, checkpoint writes). The driver keeps one ledger per SparkContext
+(``iterflow.runtime.resident_ledger``): the resident tasks of every run together,
+nested and concurrent runs included, take at most half the task slots (one task on
+``local[2]``, four on ``local[8]``; with fewer than two slots nothing is made
+resident), and hold at most ``spark.iterflow.resident.maxBytesPerExecutor`` bytes on
+an executor (``executor_budget``). A loading task reserves its bytes with the driver
+before it keeps them, so data is resident whole or not at all. A resident task runs
+the kernels of its partitions one after another.
 
 Failures: when a resident task is lost (its Python worker killed, its executor
 gone) the call in progress is abandoned, the resident job is relaunched (its
@@ -44,7 +48,9 @@ Spark job per round (``ColumnarData``), with the reason in the event log.
 
 from __future__ import annotations
 
+import logging
 import os
+import pickle
 import queue
 import socket
 import threading
@@ -78,17 +84,24 @@ from iterflow.runtime.columnar import (
     declared_struct,
     in_file_order,
 )
-from iterflow.runtime.dataplane import Channel, DataPlane, connect
+from iterflow.runtime.dataplane import Channel, Credentials, DataPlane, connect, secured
 from iterflow.runtime.driver_variables import held_frame
 from iterflow.runtime.jvm import byte_setting, is_classic, task_slots
+from iterflow.runtime.resident_ledger import (
+    MAX_BYTES_CONF,
+    MAX_BYTES_PER_EXECUTOR_CONF,
+    ResidentBudget,
+    return_slots,
+    take_slots,
+)
 from iterflow.runtime.schema import map_in_arrow
 
 RESIDENT_CONF = "spark.iterflow.resident"
-MAX_BYTES_CONF = "spark.iterflow.resident.maxBytes"
 PORT_CONF = "spark.iterflow.resident.port"
 MODES = ("auto", "on", "off")
-#: Data held by all resident tasks together, unless ``MAX_BYTES_CONF`` says otherwise.
-DEFAULT_MAX_BYTES = 4 << 30
+#: The share of an executor's Python memory that resident data may take by default:
+#: the rest is the kernels' working memory and the other Python workers'.
+PYTHON_MEMORY_SHARE = 0.5
 #: How long a resident task tries to reach the driver's data plane.
 CONNECT_TIMEOUT_S = 10.0
 #: How long the driver waits for every resident task of a job to start.
@@ -137,6 +150,32 @@ def forget_resident_calls(run_id: str) -> None:
         _ROUND_CALLS.pop(run_id, None)
 
 
+logger = logging.getLogger("iterflow.resident")
+
+
+def executor_budget(spark: SparkSession, context: SparkContext) -> int:
+    """Bytes of resident data one executor may hold, for every run together:
+    ``spark.iterflow.resident.maxBytesPerExecutor`` where set; otherwise half of the
+    executor's Python memory, ``spark.executor.pyspark.memory``; where that is not set
+    either (Spark then bounds no Python memory), half of the executor's memory,
+    ``spark.executor.memory``, or of ``spark.driver.memory`` on a ``local`` master,
+    whose one executor is the driver (Spark's default for both: 1g)."""
+    explicit = spark.conf.get(MAX_BYTES_PER_EXECUTOR_CONF, None)
+    if explicit:
+        return byte_setting(context, MAX_BYTES_PER_EXECUTOR_CONF, explicit)
+    conf = context.getConf()
+    master = str(context.master)
+    local = master == "local" or master.startswith("local[")
+    for name in (
+        "spark.executor.pyspark.memory",
+        "spark.driver.memory" if local else "spark.executor.memory",
+    ):
+        value = conf.get(name, None)
+        if value:
+            return int(byte_setting(context, name, value) * PYTHON_MEMORY_SHARE)
+    return int((1 << 30) * PYTHON_MEMORY_SHARE)
+
+
 class ResidentUnavailable(Exception):
     """Data cannot be made resident here; the message says why."""
 
@@ -176,23 +215,53 @@ def _split(batch: pa.RecordBatch) -> Iterator[tuple[int, pa.RecordBatch]]:
         yield value, rows.filter(pc.equal(parts, value))
 
 
+class _Refused(Exception):
+    """The driver refused the bytes a loading task asked for; the message says why."""
+
+
+#: Bytes a loading task reads between two reservations with the driver.
+RESERVE_EVERY = 64 << 20
+
+
+def _reserver(channel: Channel) -> Callable[[int], None]:
+    """A task's way to reserve bytes with the driver before it keeps them; raises
+    ``_Refused`` when the driver's ledger has no room for them."""
+
+    def reserve(count: int) -> None:
+        channel.send({"reserve": count})
+        answer = channel.receive()
+        if answer is None:
+            raise _Refused("the driver closed the stream")
+        if "refused" in answer:
+            raise _Refused(answer["refused"])
+
+    return reserve
+
+
 def _load(
-    batches: Iterator[pa.RecordBatch], prepare: Prepare | None, schema: pa.Schema, limit: int
+    batches: Iterator[pa.RecordBatch],
+    prepare: Prepare | None,
+    schema: pa.Schema,
+    reserve: Callable[[int], None],
 ) -> tuple[dict[int, pa.Table], int]:
-    """This task's partitions as prepared tables, and the bytes Spark sent. Past ``limit``
-    bytes nothing more is kept (the rest is read and dropped): no tables come back."""
+    """This task's partitions as prepared tables, and the bytes they take: what Spark
+    sent, or the prepared tables when larger. Every byte is reserved with the driver
+    (``reserve``, every ``RESERVE_EVERY`` bytes read and once more at the end), so a
+    refusal stops the load (``_Refused``) instead of keeping part of the data."""
     received: dict[int, list[pa.RecordBatch]] = {}
-    sent = 0
+    sent = reserved = 0
     for batch in batches:
         sent += batch.nbytes
-        if sent > limit:
-            received.clear()
-            continue
         for part, rows in _split(batch):
             received.setdefault(part, []).append(rows)
-    if sent > limit:
-        return {}, sent
-    return {part: _prepared(rows, prepare, schema) for part, rows in received.items()}, sent
+        if sent - reserved >= RESERVE_EVERY:
+            reserve(sent - reserved)
+            reserved = sent
+    tables = {part: _prepared(rows, prepare, schema) for part, rows in received.items()}
+    held = max(sent, sum(table.nbytes for table in tables.values()))
+    if held > reserved:
+        reserve(held - reserved)
+    return tables, held
 
 
 def _prepared(rows: list[pa.RecordBatch], prepare: Prepare | None, schema: pa.Schema) -> pa.Table:
@@ -225,34 +294,37 @@ def _serve(
 
 
 def task_main(
-    location: str,
-    secret: str,
+    credentials: Credentials,
     job: str,
     generation: int,
     prepare: Prepare | None,
     schema: pa.Schema,
-    limit: int,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function of the resident job's tasks (``mapInArrow``)."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         context = TaskContext.get()
         task = context.partitionId() if context is not None else 0
+        host = socket.gethostname()
+        # Python workers of one executor share its daemon (or the executor itself).
+        executor = f"{host}, Python daemon {os.getppid()}"
         hello = {"job": job, "generation": generation, "task": task, "pid": os.getpid()}
-        hello["host"] = socket.gethostname()
+        hello.update(host=host, executor=executor)
         try:
-            channel = connect(location, secret, hello, CONNECT_TIMEOUT_S)
+            channel = connect(credentials, hello, CONNECT_TIMEOUT_S)
         except (flight.FlightUnavailableError, flight.FlightTimedOutError) as error:
             # Said in the job's result, not by failing it: Spark would retry the task.
-            yield _task_row(task, f"{location}: {str(error).splitlines()[0]}")
+            yield _task_row(task, f"{credentials.location}: {str(error).splitlines()[0]}")
             return
+        parts: dict[int, pa.Table] = {}
         try:
-            parts, sent = _load(batches, prepare, schema, limit)
+            parts, held = _load(batches, prepare, schema, _reserver(channel))
+        except _Refused as refused:  # nothing is kept: the data is not resident at all
+            channel.send({"bytes": 0, "refused": str(refused)})
         except Exception as error:  # prepare failed: said, not retried by Spark as a loss
             channel.send({"bytes": 0, "error": f"{type(error).__name__}: {error}"})
-            yield _task_row(task, None)
-            return
-        channel.send({"rows": {p: t.num_rows for p, t in parts.items()}, "bytes": sent})
+        else:
+            channel.send({"rows": {p: t.num_rows for p, t in parts.items()}, "bytes": held})
         _loop(channel, parts, prepare, schema)
         yield _task_row(task, None)
 
@@ -271,23 +343,21 @@ def _loop(
     channel: Channel, parts: dict[int, pa.Table], prepare: Prepare | None, schema: pa.Schema
 ) -> None:
     """Answer the driver's messages until it closes the stream."""
-    from pyspark import cloudpickle
-
     while True:
-        message = channel.receive()
-        if message is None:
+        raw = channel.receive_bytes()
+        if raw is None:
             return
+        try:
+            message = pickle.loads(raw)
+        except Exception as error:  # e.g. a kernel's module missing on this executor
+            channel.send({"error": f"{type(error).__name__}: {error}", "trace": ""})
+            continue
         if "adopt" in message:  # partitions no task received rows of: empty ones
             for part in message["adopt"]:
                 parts[part] = _prepared([], prepare, schema)
             channel.send({"rows": {p: t.num_rows for p, t in parts.items()}})
             continue
-        try:
-            call = cloudpickle.loads(message["call"])
-        except Exception as error:  # e.g. a kernel's module missing on this executor
-            channel.send({"error": f"{type(error).__name__}: {error}", "trace": ""})
-            continue
-        channel.send(_serve(call, parts, lambda done: channel.send({"progress": done})))
+        channel.send(_serve(message, parts, lambda done: channel.send({"progress": done})))
 
 
 # -- the driver side ------------------------------------------------------------
@@ -318,6 +388,9 @@ class _Stream:
     task: int
     pid: int
     host: str
+    executor: str
+    #: Bytes the task reserved in the application's ledger, given back when it ends.
+    reserved: int = 0
     outbox: queue.Queue[Any] = attrs.field(factory=queue.Queue)
 
 
@@ -335,17 +408,16 @@ class ResidentData:
         plane: DataPlane,
         df: DataFrame,
         prepare: Prepare | None,
+        partitions: int,
         tasks: int,
-        limit: int,
+        budget: ResidentBudget,
     ) -> None:
         self.spark = df.sparkSession
         self.context: SparkContext = self.spark.sparkContext
         self.plane = plane
-        self.partitions = int(df.rdd.getNumPartitions())
-        if self.partitions == 0:
-            raise ResidentUnavailable("the data has no partitions")
-        self.tasks = min(tasks, self.partitions)  # coalesce makes no more tasks than that
-        self.limit = limit
+        self.partitions = partitions
+        self.tasks = tasks  # slots taken from the application's ledger, given back on release
+        self.budget = budget
         self.job = uuid.uuid4().hex[:12]
         self.rows = 0
         self.calls = 0  # kernel calls answered, for the rounds' ``resident`` flag
@@ -361,6 +433,7 @@ class ResidentData:
         self._calling = threading.Lock()
         self._held: dict[int, list[int]] = {}  # each task's partitions
         self._calls: _RoundCalls | None = None  # the round of the kernel call in flight
+        self._released = False
         plane.register(self.job, self._serve_stream)
 
     # -- lifecycle ----------------------------------------------------------------
@@ -388,18 +461,14 @@ class ResidentData:
                     raise ResidentUnavailable(
                         f"prepare failed in a resident task: {value['error']}"
                     )
+                if "refused" in value:
+                    raise ResidentUnavailable(value["refused"])
                 ready[task] = value
             elif kind == "lost":
                 raise ResidentTaskLost(f"resident task {task} was lost while loading: {value}")
-        sent = sum(r["bytes"] for r in ready.values())
-        if sent > self.limit:
-            raise ResidentUnavailable(
-                f"the data takes more than {MAX_BYTES_CONF}={self.limit} bytes "
-                f"(at least {sent} read)"
-            )
         held = {part for r in ready.values() for part in r["rows"]}
         empty = [part for part in range(self.partitions) if part not in held]
-        replies = self._exchange(lambda task: {"adopt": empty if task == 0 else []})
+        replies = self._exchange(lambda task: pickle.dumps({"adopt": empty if task == 0 else []}))
         self.rows = sum(n for reply in replies for n in reply["rows"].values())
         with self._lock:
             tasks = sorted(self._streams)
@@ -411,13 +480,7 @@ class ResidentData:
         self._streams = {}
         generation = self._generation
         function = task_main(
-            self.plane.location,
-            self.plane.secret,
-            self.job,
-            generation,
-            self._prepare,
-            self._schema,
-            self.limit // self.tasks + 1,  # no task holds more than its share of the limit
+            self.plane.credentials, self.job, generation, self._prepare, self._schema
         )
         mapped = map_in_arrow(self._input, function, "task INT, unreachable STRING")
         group = f"iterflow-resident-{self.job}-{generation}"
@@ -451,13 +514,17 @@ class ResidentData:
                 # adopted) is gone with it, so the whole job is launched again.
                 self._arrivals.put(("lost", generation, task, "Spark retried it"))
                 return
-            stream = _Stream(task, hello["pid"], hello["host"])
+            stream = _Stream(task, hello["pid"], hello["host"], hello["executor"])
             self._streams[task] = stream
         try:
             message: Any = channel.receive()  # ready: the task holds its partitions
             while True:
                 if message is None:
                     raise ResidentTaskLost("its stream closed")
+                if "reserve" in message:  # bytes a loading task asks for before keeping them
+                    channel.send(self._reserve(stream, generation, message["reserve"]))
+                    message = channel.receive()
+                    continue
                 if "progress" in message:  # partitions done so far in the call in flight
                     self._progressed(task, message["progress"])
                     message = channel.receive()
@@ -499,14 +566,13 @@ class ResidentData:
             )
         raise ResidentTaskLost("the resident job ended")
 
-    def _exchange(self, message: Callable[[int], dict[str, Any]]) -> list[dict[str, Any]]:
-        """Send every task its message; their replies, in task order."""
-        from pyspark import cloudpickle
-
+    def _exchange(self, message: bytes | Callable[[int], bytes]) -> list[dict[str, Any]]:
+        """Send every task its pickled message (one for all, pickled once, or one per task);
+        their replies, in task order."""
         with self._lock:
             streams = dict(self._streams)
         for task, stream in streams.items():
-            stream.outbox.put(cloudpickle.dumps(message(task)))
+            stream.outbox.put(message if isinstance(message, bytes) else message(task))
         replies: dict[int, dict[str, Any]] = {}
         while len(replies) < self.tasks:
             kind, task, value = self._next(1.0)
@@ -522,6 +588,9 @@ class ResidentData:
         with self._lock:
             self._generation += 1  # nothing of the old launch is heeded any more
             streams, self._streams = list(self._streams.values()), {}
+            for stream in streams:
+                self.budget.release(stream.executor, stream.reserved)
+                stream.reserved = 0
         for stream in streams:
             stream.outbox.put(_CLOSE)
         thread = self._thread
@@ -533,9 +602,23 @@ class ResidentData:
         self._thread = None
 
     def release(self) -> None:
-        """End the resident job for good (driver side)."""
+        """End the resident job for good (driver side), and give back its slots."""
         self.stop()
         self.plane.unregister(self.job)
+        if not self._released:
+            self._released = True
+            return_slots(self.budget.app, self.tasks)
+
+    def _reserve(self, stream: _Stream, generation: int, count: int) -> dict[str, Any]:
+        """The driver's answer to a loading task asking for ``count`` more bytes."""
+        with self._lock:
+            if generation != self._generation:
+                return {"refused": "the resident job was stopped"}
+            refused = self.budget.reserve(stream.executor, count)
+            if refused is None:
+                stream.reserved += count
+                return {"granted": count}
+        return {"refused": refused}
 
     def tasks_alive(self) -> dict[int, tuple[str, int]]:
         """Each resident task's (host, Python process id) in the current launch."""
@@ -624,7 +707,7 @@ class ResidentData:
                     if lost is not None:
                         self.stop(cancel=True)
                         self.start()
-                    replies = self._exchange(lambda _task: {"call": payload})
+                    replies = self._exchange(payload)
                 except (ResidentTaskLost, ResidentUnavailable) as error:
                     lost = error
                     continue
@@ -673,6 +756,7 @@ class ResidentPolicy:
         self.on_decided: Callable[[], None] | None = None
         self.loaded: list[ResidentData] = []
         self._plane: DataPlane | None = None
+        self._bytes: ResidentBudget | None = None
 
     def residency(self) -> Residency:
         """The run's mode so far: of its first data set, or why none could be resident."""
@@ -701,6 +785,12 @@ class ResidentPolicy:
                 data.release()
             if self.setting == "on":
                 self._refuse(str(error))
+            logger.warning(
+                "ctx.columnar data is not resident; its kernels run as a Spark job per round "
+                "(%s=auto): %s",
+                RESIDENT_CONF,
+                error,
+            )
             self._decide(Residency("jobs", str(error)))
             return None
         except BaseException:  # interrupted while loading (Ctrl-C), or a JVM error
@@ -717,24 +807,46 @@ class ResidentPolicy:
         self._decide(Residency("jobs", reason))
 
     def _resident(self, df: DataFrame, prepare: Prepare | None) -> ResidentData:
+        """``df`` with slots taken for its resident tasks (not started yet)."""
         context = self.spark.sparkContext
+        partitions = int(df.rdd.getNumPartitions())
+        if partitions == 0:
+            raise ResidentUnavailable("the data has no partitions")
         slots = task_slots(context)
-        held = sum(data.tasks for data in self.loaded)
-        tasks = slots // 2 - held
+        app = str(context.applicationId)
+        # coalesce makes no more tasks than partitions
+        tasks, held = take_slots(app, slots, partitions)
         if tasks < 1:
             raise ResidentUnavailable(
                 f"fewer free task slots than resident tasks: {slots} slot(s), {held} held by "
-                "resident tasks already, and half the slots stay free for the round's jobs"
+                "resident tasks of this application already (of this run, or of runs it is "
+                "nested in or running beside it), and half the slots stay free for the "
+                "rounds' Spark jobs"
             )
-        busy = _busy_slots(context)
-        if slots - busy < tasks:
-            raise ResidentUnavailable(
-                f"fewer free task slots ({slots - busy} of {slots}) than resident tasks ({tasks})"
+        try:
+            busy = _busy_slots(context)
+            if slots - busy < tasks:
+                raise ResidentUnavailable(
+                    f"fewer free task slots ({slots - busy} of {slots}) than resident tasks "
+                    f"({tasks})"
+                )
+            plane = self._data_plane(context)
+            return ResidentData(plane, df, prepare, partitions, tasks, self._budget(context))
+        except BaseException:
+            return_slots(app, tasks)
+            raise
+
+    def _budget(self, context: SparkContext) -> ResidentBudget:
+        """The run's byte budget: ``maxBytesPerExecutor`` (see ``executor_budget``) and the
+        optional ``maxBytes`` cap on the run."""
+        if self._bytes is None:
+            cap = self.spark.conf.get(MAX_BYTES_CONF, None)
+            self._bytes = ResidentBudget(
+                str(context.applicationId),
+                executor_budget(self.spark, context),
+                byte_setting(context, MAX_BYTES_CONF, cap) if cap else None,
             )
-        limit = byte_setting(
-            context, MAX_BYTES_CONF, self.spark.conf.get(MAX_BYTES_CONF, None) or "4g"
-        )
-        return ResidentData(self._data_plane(context), df, prepare, tasks, limit)
+        return self._bytes
 
     def _data_plane(self, context: SparkContext) -> DataPlane:
         if self._plane is None:
@@ -751,7 +863,7 @@ class ResidentPolicy:
                 port = -1
             if not 0 <= port <= 65535:
                 raise IterflowValueError(f"{PORT_CONF}={setting!r}: use a port number (0: any)")
-            self._plane = DataPlane(bind, advertised, port)
+            self._plane = DataPlane(bind, advertised, port, tls=secured(dict(conf.getAll())))
         return self._plane
 
     def _decide(self, residency: Residency) -> None:
