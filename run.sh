@@ -4,6 +4,8 @@
 #   bash run.sh demo online-kmeans        online k-means over files arriving in a watched folder
 #   bash run.sh test [pytest args]        lint, type-check and run the test suite
 #   bash run.sh test --slow [pytest args] the slow fault and soak tests (marked slow_spark) only
+#   bash run.sh test --cluster [args]     the cluster tier (marked cluster): local-cluster,
+#                                         a secured standalone cluster, spark-submit; slow ones too
 #   bash run.sh test-oldest [pytest args] the core tests on the oldest supported PySpark
 # The first call creates .venv and installs iterflow with its test tools into it.
 set -euo pipefail
@@ -68,6 +70,9 @@ case "$command" in
     if [ "${1:-}" = "--slow" ]; then
       shift
       set -- -m slow_spark "$@"
+    elif [ "${1:-}" = "--cluster" ]; then
+      shift
+      set -- -m cluster "$@"
     fi
     "$venv/bin/ruff" check .
     "$venv/bin/ruff" format --check .

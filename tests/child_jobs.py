@@ -23,18 +23,29 @@ def job_env() -> dict[str, str]:
     return {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
 
 
+def job_master(default: str) -> str | None:
+    """The master a job asks for: ``default``, or None under spark-submit, whose master (and
+    every setting) the job's session then takes."""
+    return None if "PYSPARK_GATEWAY_PORT" in os.environ else default
+
+
 def kill_when(command: list[str], ready: Callable[[], bool], *, after_s: float = 0.0) -> None:
-    """Start ``command`` and SIGKILL it ``after_s`` seconds after ``ready()`` holds; it must
-    still be running then."""
+    """Start ``command`` and SIGKILL it, with every process it started (its JVM, a
+    spark-submit driver's Python), ``after_s`` seconds after ``ready()`` holds; it must still
+    be running then."""
     child = subprocess.Popen(
-        command, env=job_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        command,
+        env=job_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
     )
     deadline = time.monotonic() + 300
     while child.poll() is None and time.monotonic() < deadline and not ready():
         time.sleep(0.02)
     assert child.poll() is None, "the job ended before it could be killed"
     time.sleep(after_s)
-    child.send_signal(signal.SIGKILL)
+    os.killpg(child.pid, signal.SIGKILL)
     child.wait()
     assert child.stderr is not None
     child.stderr.close()

@@ -7,3 +7,13 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "cluster: runs on cluster-shaped Spark (local-cluster, a standalone master with "
+        "workers, spark-submit); `bash run.sh test --cluster` runs them all, slow ones included",
+    )

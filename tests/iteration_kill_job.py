@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from child_jobs import job_master
+
 import iterflow as itf
 from iterflow.runtime.session import embedded_session
 
@@ -99,7 +101,7 @@ def run_nested(spark: Any, work: Path) -> dict[str, Any]:
 def main(mode: str, work_dir: str) -> None:
     work = Path(work_dir)
     spark = embedded_session(
-        "local[2]",
+        job_master("local[2]"),
         app_name="iterflow-iteration-kill",
         conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"},
     )

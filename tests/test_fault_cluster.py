@@ -32,7 +32,7 @@ from test_unbounded import write_numbers
 from iterflow.progress.events import read_events
 from iterflow.progress.report import format_report
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.cluster]
 
 CLUSTER = "local-cluster[2,1,1024]"
 BOUNDED_JOB = Path(__file__).with_name("fault_cluster_job.py")

@@ -13,7 +13,7 @@ from test_ml_kmeans import numpy_lloyd
 
 # Each starts a local cluster of its own: with the slow tests (`bash run.sh test --slow`);
 # CI keeps test_fault_cluster.py.
-pytestmark = [pytest.mark.spark, pytest.mark.slow_spark]
+pytestmark = [pytest.mark.spark, pytest.mark.slow_spark, pytest.mark.cluster]
 
 JOB = Path(__file__).with_name("ml_cluster_job.py")
 

@@ -13,7 +13,7 @@ from child_jobs import run_job
 
 # Starts a local cluster of its own: with the slow tests (`bash run.sh test --slow`);
 # CI keeps test_fault_cluster.py.
-pytestmark = [pytest.mark.spark, pytest.mark.slow_spark]
+pytestmark = [pytest.mark.spark, pytest.mark.slow_spark, pytest.mark.cluster]
 
 JOB = Path(__file__).with_name("resident_cluster_job.py")
 ROWS = 3_000

@@ -13,6 +13,7 @@ import json
 import sys
 import time
 
+from child_jobs import job_master
 from pyspark.sql import functions as F
 
 import iterflow as itf
@@ -35,7 +36,7 @@ def main(
     input_dir: str, checkpoint: str, sink_dir: str, out: str, commit_interval_s: str | None = None
 ) -> None:
     spark = embedded_session(
-        "local[2]",
+        job_master("local[2]"),
         app_name="iterflow-unbounded-kill",
         conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"},
     )

@@ -620,6 +620,11 @@ class ResidentData:
                 return {"granted": count}
         return {"refused": refused}
 
+    def executors(self) -> set[str]:
+        """The executors the current launch's resident tasks run on."""
+        with self._lock:
+            return {stream.executor for stream in self._streams.values()}
+
     def tasks_alive(self) -> dict[int, tuple[str, int]]:
         """Each resident task's (host, Python process id) in the current launch."""
         with self._lock:
