@@ -57,6 +57,7 @@ from pyspark.sql import DataFrame, SparkSession
 from iterflow.errors import IterflowError, IterflowValueError, IterflowWarning, warn
 from iterflow.runtime.files import files_for
 from iterflow.runtime.jvm import is_classic, spark_context
+from iterflow.runtime.lease import Lease, lease_timeout_s
 
 FORMAT = 1
 MARKER = "_COMMITTED"
@@ -268,6 +269,8 @@ class CheckpointStore:
         #: Committed epochs pruning keeps; never fewer than ``MIN_KEEP``, so that a
         #: checkpoint to fall back to is there when the newest does not verify.
         self.keep = max(keep, MIN_KEEP)
+        #: The run's lease on ``root``, checked before anything there is deleted.
+        self.lease: Lease | None = None
 
     def _path(self, *parts: str) -> str:
         return "/".join((self.root, *parts))
@@ -436,6 +439,7 @@ class CheckpointStore:
         """Write epoch ``epoch`` and commit it; then delete epochs beyond ``keep``, and the
         history segments no epoch left names."""
         base = self._path(epoch_dir(epoch))
+        self._check_lease()
         self.files.delete(base)  # what an interrupted earlier write left
         for kind, frames in (("variables", variables), ("outputs", outputs)):
             for name, df in frames.items():
@@ -472,6 +476,7 @@ class CheckpointStore:
             )
 
     def _prune(self, committed: int) -> None:
+        self._check_lease()
         older = [e for e in self.epochs() if e < committed]
         committed_older = [e for e in older if self.files.exists(self._path(epoch_dir(e), MARKER))]
         keep = set(committed_older[-(self.keep - 1) :])
@@ -495,8 +500,14 @@ class CheckpointStore:
             if f"{HISTORY}/{name}" not in named:
                 self.files.delete(self._path(HISTORY, name))
 
+    def _check_lease(self) -> None:
+        """Raise ``CheckpointInUseError`` when another run has taken the directory over."""
+        if self.lease is not None:
+            self.lease.check()
+
     def clear(self) -> None:
         """Delete every epoch directory and the history (an explicit fresh start)."""
+        self._check_lease()
         for epoch in self.epochs():
             self.files.delete(self._path(epoch_dir(epoch)))
         self.files.delete(self._path(HISTORY))
@@ -629,6 +640,13 @@ class Checkpointing:
         self.options = options
         self.fingerprint = fingerprint
         self.store = CheckpointStore(spark, options.directory, keep=options.keep)
+        self.lease = Lease(
+            self.store.files,
+            self.store.root,
+            timeout_s=lease_timeout_s(spark),
+            option=options.option,
+        )
+        self.store.lease = self.lease
         self.writer = CheckpointWriter(spark, asynchronous=options.asynchronous)
         # The history segments of the last checkpoint committed (or restored), and the
         # epoch of their last round: the next checkpoint writes only the rounds after it.
@@ -637,7 +655,9 @@ class Checkpointing:
         self._epochs: list[int] = []
 
     def restore(self) -> Checkpoint | None:
-        """The checkpoint to continue from, or None to start at round 0."""
+        """Take the directory's lease (``CheckpointInUseError`` while another live run
+        holds it); the checkpoint to continue from, or None to start at round 0."""
+        self.lease.acquire()
         if not self.options.resume:
             self.store.clear()
             return None
@@ -761,6 +781,10 @@ class Checkpointing:
                 IterflowWarning,
                 stacklevel=2,
             )
+
+    def close(self) -> None:
+        """Give the directory's lease back (the run has ended, its writes are done)."""
+        self.lease.release()
 
     def settle(self) -> None:
         """Let a pending write finish when the run fails; its own failure only warns."""
