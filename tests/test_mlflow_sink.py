@@ -139,14 +139,28 @@ def test_without_an_active_run_the_sink_creates_and_ends_one_per_run(
     assert [r.rounds for r in results] == [3, 3]
 
 
+@pytest.mark.parametrize(
+    ("uri", "shown"),
+    [
+        ("http://127.0.0.1:{port}", "http://127.0.0.1:{port}"),
+        # Credentials stay out of the name, and out of MLflow's errors, which quote the URI.
+        ("http://alice:s3cret@127.0.0.1:{port}/mlflow", "http://***@127.0.0.1:{port}/mlflow"),
+    ],
+)
 def test_a_refused_tracking_server_neither_fails_nor_stalls_the_run(
-    spark: SparkSession, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    uri: str,
+    shown: str,
 ) -> None:
     # The sink's thread, still retrying when the test ends, gives up soon after.
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
     port = closed_port()
-    sink = itf.metrics.MlflowSink("0" * 32, tracking_uri=f"http://127.0.0.1:{port}", timeout_s=1.0)
+    uri, shown = uri.format(port=port), shown.format(port=port)
+    sink = itf.metrics.MlflowSink("0" * 32, tracking_uri=uri, timeout_s=1.0)
+    assert sink.name == f"mlflow {shown}"
     it = (
         itf.BoundedIteration(halving("r"))
         .bind("v", start_values(spark))
@@ -162,10 +176,13 @@ def test_a_refused_tracking_server_neither_fails_nor_stalls_the_run(
     # MLflow retries a refused connection for minutes; the run waits one timeout_s.
     assert time.monotonic() - started < 30
     assert result.rounds == 2
-    assert f"metrics sink 'mlflow http://127.0.0.1:{port}' failed" in caplog.text
+    assert f"metrics sink 'mlflow {shown}' failed" in caplog.text
     [final] = [str(w.message) for w in warned if "final push" in str(w.message)]
-    assert final.startswith(f"metrics sink 'mlflow http://127.0.0.1:{port}'")
+    assert final.startswith(f"metrics sink 'mlflow {shown}'")
     assert "the rounds of epochs 0-1 did not reach it" in final
+    said = caplog.text + final
+    assert f"{shown}/api/" in said  # MLflow's error, naming the URI it called
+    assert "alice" not in said and "s3cret" not in said
 
 
 def test_without_the_extra_the_sink_names_it(monkeypatch: pytest.MonkeyPatch) -> None:

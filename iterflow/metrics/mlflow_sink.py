@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from iterflow.errors import IterflowError
-from iterflow.metrics.sinks import MetricsSink
+from iterflow.metrics.sinks import MetricsSink, redacted_url, without_secrets
 from iterflow.metrics.values import MetricsSnapshot, number_fields
 from iterflow.records import RoundProgress
 
@@ -92,8 +92,9 @@ class MlflowSink(MetricsSink):
         self.prefix = prefix
         self.log_params = log_params
         self.timeout_s = timeout_s
-        # Credentials in the URI stay out of warnings.
-        self.name = f"mlflow {re.sub(r'//[^/@]*@', '//', self.tracking_uri)}"
+        # Credentials in the URI stay out of warnings (and ``redact`` takes them out of
+        # MLflow's errors, which quote the URI).
+        self.name = f"mlflow {redacted_url(self.tracking_uri)}"
         #: iterflow run id -> the MLflow run its points went to.
         self.runs: dict[str, str] = {}
         self._client = MlflowClient(tracking_uri=self.tracking_uri)
@@ -117,6 +118,9 @@ class MlflowSink(MetricsSink):
             )
         if request.error is not None:
             raise request.error
+
+    def redact(self, text: str) -> str:
+        return without_secrets(text, self.tracking_uri)
 
     def close(self) -> None:
         """Stop the sink's thread once the requests before it are sent (waits ``timeout_s``)."""
