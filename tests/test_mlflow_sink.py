@@ -185,6 +185,65 @@ def test_a_refused_tracking_server_neither_fails_nor_stalls_the_run(
     assert "alice" not in said and "s3cret" not in said
 
 
+@pytest.fixture
+def no_private_mlflow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow's private way to the current experiment raises, as it may in any release."""
+    import mlflow.tracking.fluent
+
+    def private(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("MlflowSink called MLflow's private _get_experiment_id")
+
+    monkeypatch.setattr(mlflow.tracking.fluent, "_get_experiment_id", private)
+    # What mlflow.set_experiment changes in the process is put back after the test.
+    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+    for name in ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+
+
+def created_run_experiment(spark: SparkSession, tracking_uri: str) -> str:
+    """The name of the experiment of the MLflow run the sink creates for one run."""
+    sink = itf.metrics.MlflowSink(tracking_uri=tracking_uri)
+    (
+        itf.BoundedIteration(halving("e"))
+        .bind("v", start_values(spark))
+        .until(itf.max_rounds(1))
+        .push_metrics(sink, every_s=60)
+        .run(progress=False)
+    )
+    client = MlflowClient(tracking_uri=tracking_uri)
+    [run_id] = sink.runs.values()
+    return str(client.get_experiment(client.get_run(run_id).info.experiment_id).name)
+
+
+@pytest.mark.usefixtures("no_private_mlflow")
+@pytest.mark.parametrize("chosen_by", ["set_experiment", "MLFLOW_EXPERIMENT_NAME", "default"])
+def test_a_created_run_goes_to_the_experiment_the_user_chose(
+    spark: SparkSession, tracking_uri: str, monkeypatch: pytest.MonkeyPatch, chosen_by: str
+) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    if chosen_by == "set_experiment":
+        client.create_experiment("decoy")  # another experiment the name must not confuse
+        mlflow.set_experiment("chosen in code")
+        expected = "chosen in code"
+    elif chosen_by == "MLFLOW_EXPERIMENT_NAME":
+        monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "chosen by name")  # created on first use
+        expected = "chosen by name"
+    else:
+        expected = "Default"  # experiment "0"
+    assert created_run_experiment(spark, tracking_uri) == expected
+
+
+@pytest.mark.usefixtures("no_private_mlflow")
+def test_the_experiment_id_variable_chooses_the_experiment(
+    spark: SparkSession, tracking_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    experiment_id = MlflowClient(tracking_uri=tracking_uri).create_experiment("chosen by id")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_ID", experiment_id)
+    assert created_run_experiment(spark, tracking_uri) == "chosen by id"
+
+
 def test_without_the_extra_the_sink_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "mlflow", None)  # `import mlflow` raises ImportError
     with pytest.raises(itf.IterflowError, match=r"pip install 'iterflow\[mlflow\]'"):
