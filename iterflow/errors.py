@@ -58,6 +58,11 @@ def gist(cause: BaseException) -> str:
     return lines[0]
 
 
+class CheckpointInUseError(IterflowError):
+    """Another live run holds the checkpoint directory (its lease); the message names the
+    directory and the holder's host, process id and start time."""
+
+
 class RoundError(IterflowError):
     """Something raised inside round ``epoch``: the body, a listener or a Spark job.
 

@@ -4,6 +4,7 @@ exactly the result of an uninterrupted run."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from checkpoint_kill_job import EVERY, ROUNDS, VERTICES, path_ids
 from child_jobs import kill_when, run_to_end
 
 from iterflow.progress.events import read_events
+from iterflow.runtime.lease import LEASE
 
 pytestmark = pytest.mark.spark
 
@@ -39,11 +41,15 @@ def test_a_killed_run_resumes_and_matches_an_uninterrupted_run(tmp_path: Path) -
     marker = tmp_path / "ckpt" / "epoch-00000007" / "_COMMITTED"
     kill_when(job, marker.exists)
     assert not (tmp_path / "out.json").exists()
+    # The killed run's lease is left behind; the run again takes it over, its process gone.
+    lease = tmp_path / "ckpt" / LEASE
+    assert json.loads(lease.read_text())["pid"] not in (None, os.getpid())
     killed = read_events(tmp_path / "events.jsonl")
     done_before_kill = [e["epoch"] for e in killed if e["event"] == "round_end"]
     assert killed[-1]["event"] == "round_end"  # no final event: the process died
 
     run_to_end(job)
+    assert not lease.exists()  # given back when the run ended
     out = json.loads((tmp_path / "out.json").read_text())
     assert [tuple(pair) for pair in out["labels"]] == reference_labels()
     assert out["rounds"] == ROUNDS

@@ -319,12 +319,22 @@ def test_a_lost_checkpoint_block_without_checkpoints_names_the_remedy(
 
 
 def test_a_failing_checkpoint_write_fails_the_run_naming_the_epoch(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failing_write(monkeypatch, lambda epoch, outputs: epoch == 1, "disk full")
+    with pytest.raises(itf.IterflowError, match=r"the checkpoint of epoch 1 failed.*disk full"):
+        run(spark, tmp_path, [], checkpoint_every=2)
+
+
+def test_a_directory_that_cannot_be_written_fails_before_the_first_round(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     blocked = tmp_path / "not-a-directory"
     blocked.write_text("a file where the checkpoints should go")
-    with pytest.raises(itf.IterflowError, match="the checkpoint of epoch 1 failed"):
-        run(spark, blocked, [], checkpoint_every=2)
+    calls: list[int] = []
+    with pytest.raises(itf.IterflowError, match=r"checkpoint_dir '.*not-a-directory' cannot hold"):
+        run(spark, blocked, calls, checkpoint_every=2)
+    assert calls == []
 
 
 def test_resuming_past_a_smaller_max_rounds_is_an_error(

@@ -139,14 +139,28 @@ def test_without_an_active_run_the_sink_creates_and_ends_one_per_run(
     assert [r.rounds for r in results] == [3, 3]
 
 
+@pytest.mark.parametrize(
+    ("uri", "shown"),
+    [
+        ("http://127.0.0.1:{port}", "http://127.0.0.1:{port}"),
+        # Credentials stay out of the name, and out of MLflow's errors, which quote the URI.
+        ("http://alice:s3cret@127.0.0.1:{port}/mlflow", "http://***@127.0.0.1:{port}/mlflow"),
+    ],
+)
 def test_a_refused_tracking_server_neither_fails_nor_stalls_the_run(
-    spark: SparkSession, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    uri: str,
+    shown: str,
 ) -> None:
     # The sink's thread, still retrying when the test ends, gives up soon after.
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
     port = closed_port()
-    sink = itf.metrics.MlflowSink("0" * 32, tracking_uri=f"http://127.0.0.1:{port}", timeout_s=1.0)
+    uri, shown = uri.format(port=port), shown.format(port=port)
+    sink = itf.metrics.MlflowSink("0" * 32, tracking_uri=uri, timeout_s=1.0)
+    assert sink.name == f"mlflow {shown}"
     it = (
         itf.BoundedIteration(halving("r"))
         .bind("v", start_values(spark))
@@ -162,10 +176,72 @@ def test_a_refused_tracking_server_neither_fails_nor_stalls_the_run(
     # MLflow retries a refused connection for minutes; the run waits one timeout_s.
     assert time.monotonic() - started < 30
     assert result.rounds == 2
-    assert f"metrics sink 'mlflow http://127.0.0.1:{port}' failed" in caplog.text
+    assert f"metrics sink 'mlflow {shown}' failed" in caplog.text
     [final] = [str(w.message) for w in warned if "final push" in str(w.message)]
-    assert final.startswith(f"metrics sink 'mlflow http://127.0.0.1:{port}'")
+    assert final.startswith(f"metrics sink 'mlflow {shown}'")
     assert "the rounds of epochs 0-1 did not reach it" in final
+    said = caplog.text + final
+    assert f"{shown}/api/" in said  # MLflow's error, naming the URI it called
+    assert "alice" not in said and "s3cret" not in said
+
+
+@pytest.fixture
+def no_private_mlflow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow's private way to the current experiment raises, as it may in any release."""
+    import mlflow.tracking.fluent
+
+    def private(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("MlflowSink called MLflow's private _get_experiment_id")
+
+    monkeypatch.setattr(mlflow.tracking.fluent, "_get_experiment_id", private)
+    # What mlflow.set_experiment changes in the process is put back after the test.
+    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+    for name in ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+
+
+def created_run_experiment(spark: SparkSession, tracking_uri: str) -> str:
+    """The name of the experiment of the MLflow run the sink creates for one run."""
+    sink = itf.metrics.MlflowSink(tracking_uri=tracking_uri)
+    (
+        itf.BoundedIteration(halving("e"))
+        .bind("v", start_values(spark))
+        .until(itf.max_rounds(1))
+        .push_metrics(sink, every_s=60)
+        .run(progress=False)
+    )
+    client = MlflowClient(tracking_uri=tracking_uri)
+    [run_id] = sink.runs.values()
+    return str(client.get_experiment(client.get_run(run_id).info.experiment_id).name)
+
+
+@pytest.mark.usefixtures("no_private_mlflow")
+@pytest.mark.parametrize("chosen_by", ["set_experiment", "MLFLOW_EXPERIMENT_NAME", "default"])
+def test_a_created_run_goes_to_the_experiment_the_user_chose(
+    spark: SparkSession, tracking_uri: str, monkeypatch: pytest.MonkeyPatch, chosen_by: str
+) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    if chosen_by == "set_experiment":
+        client.create_experiment("decoy")  # another experiment the name must not confuse
+        mlflow.set_experiment("chosen in code")
+        expected = "chosen in code"
+    elif chosen_by == "MLFLOW_EXPERIMENT_NAME":
+        monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "chosen by name")  # created on first use
+        expected = "chosen by name"
+    else:
+        expected = "Default"  # experiment "0"
+    assert created_run_experiment(spark, tracking_uri) == expected
+
+
+@pytest.mark.usefixtures("no_private_mlflow")
+def test_the_experiment_id_variable_chooses_the_experiment(
+    spark: SparkSession, tracking_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    experiment_id = MlflowClient(tracking_uri=tracking_uri).create_experiment("chosen by id")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_ID", experiment_id)
+    assert created_run_experiment(spark, tracking_uri) == "chosen by id"
 
 
 def test_without_the_extra_the_sink_names_it(monkeypatch: pytest.MonkeyPatch) -> None:

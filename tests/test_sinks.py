@@ -536,3 +536,42 @@ def test_a_sink_that_recovers_names_the_rounds_its_failed_pushes_carried(
         "metrics sink 'flaky' recovered after 2 failed push(es); "
         "the rounds of epochs 0-2 did not reach it"
     )
+
+
+SECRETS = ("alice", "s3cret", "abcdef123456")
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        # Refused: the warnings quote the sink's name.
+        (
+            "http://alice:s3cret@127.0.0.1:{port}/ingest?token=abcdef123456&team=graphs#x",
+            "http-json http://***@127.0.0.1:{port}/ingest?token=***&team=***",
+        ),
+        # No scheme: urllib's error quotes the whole URL.
+        (
+            "collector.example/ingest?token=abcdef123456",
+            "http-json collector.example/ingest?token=***",
+        ),
+    ],
+)
+def test_the_http_sink_keeps_the_urls_secrets_out_of_its_name_and_warnings(
+    caplog: pytest.LogCaptureFixture, url: str, shown: str
+) -> None:
+    caplog.set_level(logging.WARNING, logger="iterflow.metrics")
+    port = closed_port()
+    sink = HttpJsonSink(url.format(port=port), timeout_s=0.5)
+    assert sink.name == shown.format(port=port)
+    assert repr(sink) == f"<HttpJsonSink {sink.name}>"
+    pusher = MetricsPusher(SnapshotSource(), [(sink, 0.05)])
+    pusher.start()
+    wait_until(lambda: "failed" in caplog.text)
+    with pytest.warns(IterflowWarning, match="did not receive the final push") as warned:
+        pusher.stop()
+    said = caplog.text + "".join(str(w.message) for w in warned)
+    assert f"metrics sink '{sink.name}' failed" in caplog.text
+    if "://" not in url:
+        assert "unknown url type: 'collector.example/ingest?token=***'" in caplog.text
+    for secret in SECRETS:
+        assert secret not in said

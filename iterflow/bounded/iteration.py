@@ -104,8 +104,9 @@ class BoundedIteration(IterationBuilder):
         ``s3a://``) makes the run durable: every ``checkpoint_every`` rounds and
         after the last one, the variables and the driver-side state are written
         there (in the background unless ``checkpoint_async=False``), keeping the
-        newest ``checkpoint_keep``. A later ``run()`` with the same directory and
-        the same body and inputs resumes after the last committed epoch;
+        newest ``checkpoint_keep`` (at least 2: one to fall back to). A later
+        ``run()`` with the same directory and the same body and inputs resumes after
+        the last committed epoch whose data verifies;
         ``resume=False`` deletes those checkpoints and starts over. See
         docs/checkpoints.md.
 

@@ -130,7 +130,11 @@ class RoundLoop:
             try:
                 observers.close()
             finally:
-                self.cycle.close(keep=kept)
+                try:
+                    self.cycle.close(keep=kept)
+                finally:
+                    if self.checkpointing is not None:
+                        self.checkpointing.close()
 
     def run_round(
         self, epoch: int, inputs: dict[str, DataFrame]

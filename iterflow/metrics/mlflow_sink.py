@@ -7,6 +7,7 @@ the other sinks work without the ``mlflow`` extra.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import re
 import threading
@@ -15,7 +16,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from iterflow.errors import IterflowError
-from iterflow.metrics.sinks import MetricsSink
+from iterflow.metrics.sinks import MetricsSink, redacted_url, without_secrets
 from iterflow.metrics.values import MetricsSnapshot, number_fields
 from iterflow.records import RoundProgress
 
@@ -30,6 +31,11 @@ MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_PER_BATCH = 100
 MAX_KEY_LENGTH = 250
 MAX_PARAM_VALUE_LENGTH = 500
+#: Where MLflow keeps the experiment runs go to: ``mlflow.set_experiment`` sets the id
+#: (MLflow 2.18 and later), users may set either.
+EXPERIMENT_ID_ENV = "MLFLOW_EXPERIMENT_ID"
+EXPERIMENT_NAME_ENV = "MLFLOW_EXPERIMENT_NAME"
+DEFAULT_EXPERIMENT = "0"
 
 
 class MlflowSink(MetricsSink):
@@ -57,7 +63,9 @@ class MlflowSink(MetricsSink):
     The MLflow run is ``run_id`` when given, else the run active
     (``mlflow.active_run()``) when the sink is made. With neither, the sink
     creates one MLflow run for each iterflow run it serves, named after the body,
-    in MLflow's current experiment, and ends it with the run's final push
+    in MLflow's current experiment (``mlflow.set_experiment``'s, else
+    ``MLFLOW_EXPERIMENT_ID``'s or ``MLFLOW_EXPERIMENT_NAME``'s, else ``"0"``), and
+    ends it with the run's final push
     (``sink.runs`` maps iterflow run ids to them). ``tracking_uri`` defaults to
     MLflow's own (``mlflow.set_tracking_uri`` or ``MLFLOW_TRACKING_URI``).
 
@@ -92,8 +100,9 @@ class MlflowSink(MetricsSink):
         self.prefix = prefix
         self.log_params = log_params
         self.timeout_s = timeout_s
-        # Credentials in the URI stay out of warnings.
-        self.name = f"mlflow {re.sub(r'//[^/@]*@', '//', self.tracking_uri)}"
+        # Credentials in the URI stay out of warnings (and ``redact`` takes them out of
+        # MLflow's errors, which quote the URI).
+        self.name = f"mlflow {redacted_url(self.tracking_uri)}"
         #: iterflow run id -> the MLflow run its points went to.
         self.runs: dict[str, str] = {}
         self._client = MlflowClient(tracking_uri=self.tracking_uri)
@@ -117,6 +126,9 @@ class MlflowSink(MetricsSink):
             )
         if request.error is not None:
             raise request.error
+
+    def redact(self, text: str) -> str:
+        return without_secrets(text, self.tracking_uri)
 
     def close(self) -> None:
         """Stop the sink's thread once the requests before it are sent (waits ``timeout_s``)."""
@@ -177,14 +189,27 @@ class MlflowSink(MetricsSink):
         """The MLflow run of ``snapshot``'s iterflow run, created on its first push if need be."""
         run_id = self.run_id or self.runs.get(snapshot.run_id)
         if run_id is None:
-            from mlflow.tracking.fluent import _get_experiment_id
-
-            created = self._client.create_run(
-                _get_experiment_id() or "0", run_name=snapshot.iteration
-            )
+            created = self._client.create_run(self._experiment_id(), run_name=snapshot.iteration)
             run_id = created.info.run_id
         self.runs[snapshot.run_id] = run_id
         return run_id
+
+    def _experiment_id(self) -> str:
+        """The experiment a run the sink creates goes to, found with public API only:
+        ``MLFLOW_EXPERIMENT_ID`` (which ``mlflow.set_experiment`` sets, and which wins over
+        the name as the experiment set in code wins in MLflow), else the experiment named
+        ``MLFLOW_EXPERIMENT_NAME`` (created if need be, as MLflow does), else the default
+        experiment, ``"0"``."""
+        experiment_id = os.environ.get(EXPERIMENT_ID_ENV)
+        if experiment_id:
+            return experiment_id
+        name = os.environ.get(EXPERIMENT_NAME_ENV)
+        if not name:
+            return DEFAULT_EXPERIMENT
+        experiment = self._client.get_experiment_by_name(name)
+        if experiment is not None:
+            return str(experiment.experiment_id)
+        return str(self._client.create_experiment(name))
 
     def _metric(self, key: str, value: float, progress: RoundProgress) -> Metric:
         from mlflow.entities import Metric

@@ -284,7 +284,10 @@ class MetricsPusher:
                 )
             else:
                 return
-            push.outcome = "" if error is None else f"{type(error).__name__}: {error}"
+            # Warnings quote the outcome: the sink takes its secrets (a URL's token) out.
+            push.outcome = (
+                "" if error is None else schedule.sink.redact(f"{type(error).__name__}: {error}")
+            )
             self._count(schedule, push)
 
     def _count(self, schedule: _Schedule, push: _Push) -> None:

@@ -12,6 +12,7 @@ import logging
 import re
 import socket
 import threading
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,6 +49,11 @@ class MetricsSink(abc.ABC):
     def push(self, snapshot: MetricsSnapshot) -> None:
         """Send ``snapshot``; raise if it could not be delivered."""
 
+    def redact(self, text: str) -> str:
+        """``text`` (a failed push's error) without the secrets the sink holds, for the
+        warnings that quote it; a sink whose address carries credentials overrides it."""
+        return text
+
     def close(self) -> None:  # noqa: B027 (not abstract: most sinks hold nothing)
         """Release what the sink holds (a server, a connection).
 
@@ -79,7 +85,8 @@ class HttpJsonSink(MetricsSink):
     """POSTs each snapshot as JSON to ``url``; a status other than 2xx raises.
 
     ``timeout_s`` bounds connecting and each wait for the server's answer; the pusher
-    bounds the whole push by it too.
+    bounds the whole push by it too. Its ``name``, and the errors that warnings quote,
+    show the URL with its user info and query values as ``***`` (``redacted_url``).
 
     >>> sink = HttpJsonSink("http://collector:8080/iterflow", timeout_s=2.0)  # doctest: +SKIP
     """
@@ -90,7 +97,7 @@ class HttpJsonSink(MetricsSink):
         self.url = url
         self.timeout_s = timeout_s
         self.headers = {**(headers or {}), "Content-Type": "application/json"}
-        self.name = f"http-json {url}"
+        self.name = f"http-json {redacted_url(url)}"
 
     def push(self, snapshot: MetricsSnapshot) -> None:
         request = urllib.request.Request(
@@ -102,6 +109,54 @@ class HttpJsonSink(MetricsSink):
         # Any final status other than 2xx raises HTTPError, redirects included.
         with _NO_REDIRECT_OPENER.open(request, timeout=self.timeout_s):
             pass
+
+    def redact(self, text: str) -> str:
+        return without_secrets(text, self.url)
+
+
+#: Secrets shorter than this are hidden only as part of the URL they are in: replacing a
+#: query value such as ``page=2`` everywhere would garble the message that quotes it.
+MIN_SECRET = 4
+
+
+def redacted_url(url: str) -> str:
+    """``url`` fit for names and logs: scheme, host, port and path as given; the user info
+    and every query value become ``***``, the fragment goes.
+
+    >>> redacted_url("https://bob:pw@host:8443/ingest?token=abc&team=x#top")
+    'https://***@host:8443/ingest?token=***&team=***'
+    """
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # e.g. an unbalanced IPv6 bracket: nothing of it is safe to show
+        return "***"
+    _, at, host = parts.netloc.rpartition("@")
+    query = "&".join(
+        f"{key}=***" for key, _ in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    )
+    netloc = f"***@{host}" if at else host
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def without_secrets(text: str, url: str) -> str:
+    """``text`` with what ``url`` holds in secret replaced: the whole URL by
+    ``redacted_url(url)``, its user info, password and query (and each query value of
+    ``MIN_SECRET`` characters or more, as given or decoded) by ``***``."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        values = [value for _, value in urllib.parse.parse_qsl(parts.query)]
+        password = parts.password or ""
+    except ValueError:
+        parts, values, password = None, [], ""
+    secrets = {url: redacted_url(url)}
+    if parts is not None:
+        user, at, _ = parts.netloc.rpartition("@")
+        pieces = [f"{user}@" if at else "", parts.query, password, *values]
+        pieces += [urllib.parse.quote(p, safe="") for p in (password, *values)]
+        secrets.update({piece: "***" for piece in pieces if len(piece) >= MIN_SECRET})
+    for secret in sorted(secrets, key=len, reverse=True):  # the whole before its parts
+        text = text.replace(secret, secrets[secret])
+    return text
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):

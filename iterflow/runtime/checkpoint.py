@@ -26,8 +26,10 @@ after a commit. With ``keep_history`` the segments wholly before the kept rounds
 are no longer named.
 
 An epoch directory without a readable ``_COMMITTED`` manifest, or whose files
-(or history segments) differ from it (a truncated write), does not exist for
-resuming. Older epochs are deleted only after a newer one has committed.
+(or history segments) differ from it (a truncated write, a changed byte), does not
+exist for resuming: resume falls back to the newest epoch that verifies, with a
+warning naming the bad file. Older epochs are deleted only after a newer one has
+committed, and the one before the newest is always kept to fall back to.
 Checkpoint directories written before history segments existed hold the whole
 history in ``driver.pkl``; they load as before.
 Checkpoint directories are trusted input: they hold pickles.
@@ -38,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import pickle
 import re
 import threading
@@ -54,6 +57,7 @@ from pyspark.sql import DataFrame, SparkSession
 from iterflow.errors import IterflowError, IterflowValueError, IterflowWarning, warn
 from iterflow.runtime.files import files_for
 from iterflow.runtime.jvm import is_classic, spark_context
+from iterflow.runtime.lease import Lease, lease_timeout_s
 
 FORMAT = 1
 MARKER = "_COMMITTED"
@@ -63,6 +67,11 @@ HISTORY = "history"
 MERGE = 16
 _JOB_PROPERTIES = ("spark.scheduler.pool", "spark.job.description")
 _EPOCH_DIR = re.compile(r"epoch-(\d{8})\Z")
+#: Committed checkpoints pruning keeps at least: the newest, and the one a resume falls
+#: back to when the newest does not verify.
+MIN_KEEP = 2
+
+log = logging.getLogger("iterflow.checkpoint")
 
 
 def lost_checkpoint_block(error: BaseException) -> bool:
@@ -247,13 +256,21 @@ def _pickles(value: Any) -> bool:
         return False
 
 
+class UnusableCheckpoint(Exception):
+    """Why an epoch cannot be resumed from, naming the file that does not verify."""
+
+
 class CheckpointStore:
     """Reads and writes the checkpoints under ``root`` (any Hadoop file system path)."""
 
     def __init__(self, spark: SparkSession, root: str, *, keep: int = 2) -> None:
         self.spark = spark
         self.files, self.root = files_for(spark, str(root))
-        self.keep = keep
+        #: Committed epochs pruning keeps; never fewer than ``MIN_KEEP``, so that a
+        #: checkpoint to fall back to is there when the newest does not verify.
+        self.keep = max(keep, MIN_KEEP)
+        #: The run's lease on ``root``, checked before anything there is deleted.
+        self.lease: Lease | None = None
 
     def _path(self, *parts: str) -> str:
         return "/".join((self.root, *parts))
@@ -265,27 +282,44 @@ class CheckpointStore:
 
     # -- reading -------------------------------------------------------------------
 
-    def latest(self, *, strict: bool = False) -> Checkpoint | None:
-        """The newest valid checkpoint; invalid newer ones are skipped with a warning.
+    def latest(self, *, strict: bool = False, remedy: str = "") -> Checkpoint | None:
+        """The newest checkpoint whose data all verifies; newer ones that do not are skipped
+        with a warning (on ``iterflow.checkpoint`` and as an ``IterflowWarning``) naming
+        the bad file. None when no epoch ever committed.
 
-        With ``strict``, a newer epoch that committed but does not read back whole is
-        an error instead: an unbounded iteration cannot go back to an older commit,
-        because Spark has committed the micro-batches after it.
+        When epochs committed but none verifies, that is an error naming the bad files
+        (``remedy`` says how to start over): starting from round 0 would silently drop
+        what they held. With ``strict``, a newer epoch that committed but does not
+        verify is an error at once: an unbounded iteration whose stream cannot be put
+        back cannot go back to an older commit, because Spark has committed the
+        micro-batches after it.
         """
+        damaged: list[str] = []
         for epoch in reversed(self.epochs()):
-            problem = self._problem(epoch)
-            if problem is None:
+            try:
                 return self._read(epoch)
-            if strict and self.files.exists(self._path(epoch_dir(epoch), MARKER)):
-                raise IterflowError(
-                    f"checkpoint epoch {epoch} in '{self.root}' committed but is damaged "
-                    f"({problem}); the micro-batches it consumed cannot be read again, so "
-                    "the iteration cannot resume exactly once. Restore the directory from a "
-                    "copy, or delete the whole location to start over"
+            except UnusableCheckpoint as unusable:
+                committed = self.files.exists(self._path(epoch_dir(epoch), MARKER))
+                if strict and committed:
+                    raise IterflowError(
+                        f"checkpoint epoch {epoch} in '{self.root}' committed but is damaged "
+                        f"({unusable}); the micro-batches it consumed cannot be read again, "
+                        "so the iteration cannot resume exactly once. Restore the directory "
+                        "from a copy, or delete the whole location to start over"
+                    ) from unusable
+                if committed:
+                    damaged.append(f"epoch {epoch}: {unusable}")
+                message = (
+                    f"checkpoint epoch {epoch} in '{self.root}' is not usable ({unusable}); "
+                    "skipping it for an older one"
                 )
-            warn(
-                f"checkpoint epoch {epoch} in '{self.root}' is not usable ({problem}); "
-                "trying an older one"
+                log.warning("%s", message)
+                warn(message)
+        if damaged:
+            raise IterflowError(
+                f"no checkpoint in '{self.root}' can be resumed from: "
+                + "; ".join(damaged)
+                + f". Restore the files named from a copy, or {remedy or 'start over'}"
             )
         return None
 
@@ -295,24 +329,59 @@ class CheckpointStore:
             raise ValueError("not the manifest of this epoch")
         return manifest
 
-    def _problem(self, epoch: int) -> str | None:
-        """Why epoch ``epoch`` cannot be resumed from, or None when it can."""
+    def _verified(self, epoch: int) -> tuple[dict[str, Any], bytes, list[bytes]]:
+        """The manifest of epoch ``epoch``, its ``driver.pkl`` and its history segments,
+        each checked against the manifest (sizes, sha256); its parquet data opened. Raises
+        ``UnusableCheckpoint`` naming the first file that does not verify."""
         base = self._path(epoch_dir(epoch))
-        if not self.files.exists(f"{base}/{MARKER}"):
-            return "no commit marker: its write did not finish"
+        marker = f"{base}/{MARKER}"
+        if not self.files.exists(marker):
+            raise UnusableCheckpoint(f"no commit marker '{marker}': its write did not finish")
         try:
             manifest = self._manifest(epoch)
         except Exception as exc:
-            return f"unreadable commit marker: {exc}"
+            raise UnusableCheckpoint(f"unreadable commit marker '{marker}': {exc}") from exc
         sizes = self.files.file_sizes(base)
         for name, size in manifest["files"].items():
             if sizes.get(name) != size:
-                return f"file '{name}' has {sizes.get(name)} bytes, the manifest says {size}"
+                raise UnusableCheckpoint(
+                    f"file '{base}/{name}' has {sizes.get(name)} bytes, the manifest says {size}"
+                )
         driver = self.files.read_bytes(f"{base}/{DRIVER}")
         if hashlib.sha256(driver).hexdigest() != manifest["driver_sha256"]:
-            return f"{DRIVER} does not match its checksum"
+            raise UnusableCheckpoint(f"'{base}/{DRIVER}' does not match its sha256")
         segments = _segments(manifest)
-        return self._missing(segments) if segments else None
+        missing = self._missing(segments)
+        if missing is not None:
+            raise UnusableCheckpoint(missing)
+        history = []
+        for segment in segments:
+            raw = self.files.read_bytes(self._path(segment.name))
+            if hashlib.sha256(raw).hexdigest() != segment.sha256:
+                path = self._path(segment.name)
+                raise UnusableCheckpoint(f"history segment '{path}' does not match its sha256")
+            history.append(raw)
+        for kind in ("variables", "outputs"):
+            for name in manifest[kind]:
+                self._check_parquet(f"{base}/{kind}/{name}")
+        return manifest, driver, history
+
+    def _check_parquet(self, path: str) -> None:
+        """Spark opens the parquet dataset ``path``: every file's footer reads (schemas
+        merged), so a file replaced or overwritten in place is found before a round
+        reads it."""
+        try:
+            self._parquet(path, mergeSchema="true").schema  # noqa: B018 (analysis reads it)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+            raise UnusableCheckpoint(
+                f"parquet data '{path}' does not read ({type(exc).__name__}: {first})"
+            ) from exc
+
+    def _parquet(self, path: str, **options: str) -> DataFrame:
+        """The parquet dataset ``path``; a corrupt file fails the read, whatever
+        ``spark.sql.files.ignoreCorruptFiles`` says: a checkpoint never loses rows silently."""
+        return self.spark.read.options(ignoreCorruptFiles="false", **options).parquet(path)
 
     def _missing(self, segments: tuple[HistorySegment, ...]) -> str | None:
         """Which of the history ``segments`` is not there whole, or None."""
@@ -325,31 +394,21 @@ class CheckpointStore:
             size = sizes.get(segment.name.removeprefix(f"{HISTORY}/"))
             if size != segment.size:
                 return (
-                    f"history segment '{segment.name}' has {size} bytes, the manifest says "
-                    f"{segment.size}"
+                    f"history segment '{self._path(segment.name)}' has {size} bytes, the "
+                    f"manifest says {segment.size}"
                 )
         return None
 
-    def _history(self, segments: tuple[HistorySegment, ...]) -> list[Any]:
-        """The rounds of ``segments``, in order; checks each one's sha256."""
-        rounds: list[Any] = []
-        for segment in segments:
-            raw = self.files.read_bytes(self._path(segment.name))
-            if hashlib.sha256(raw).hexdigest() != segment.sha256:
-                raise IterflowError(
-                    f"history segment '{segment.name}' in '{self.root}' does not match its checksum"
-                )
-            rounds.extend(load_history(raw))
-        return rounds
-
     def _read(self, epoch: int) -> Checkpoint:
+        """Epoch ``epoch`` read back, once all its data verifies (``_verified``)."""
+        manifest, raw, history = self._verified(epoch)
         base = self._path(epoch_dir(epoch))
-        manifest = self._manifest(epoch)
         segments = _segments(manifest)
         try:
-            driver: DriverState = load_driver_state(self.files.read_bytes(f"{base}/{DRIVER}"))
+            driver: DriverState = load_driver_state(raw)
             if segments:
-                driver = attrs.evolve(driver, history=self._history(segments))
+                rounds = [progress for segment in history for progress in load_history(segment)]
+                driver = attrs.evolve(driver, history=rounds)
         except Exception as exc:
             raise IterflowError(
                 f"checkpoint epoch {epoch} in '{self.root}': its driver state does not load "
@@ -357,12 +416,11 @@ class CheckpointStore:
                 "state) must be importable as when it was written; otherwise start over with "
                 "an empty checkpoint directory"
             ) from exc
-        read = self.spark.read.parquet
         return Checkpoint(
             epoch=epoch,
             fingerprint=manifest["fingerprint"],
-            variables={n: read(f"{base}/variables/{n}") for n in manifest["variables"]},
-            outputs={n: read(f"{base}/outputs/{n}") for n in manifest["outputs"]},
+            variables={n: self._parquet(f"{base}/variables/{n}") for n in manifest["variables"]},
+            outputs={n: self._parquet(f"{base}/outputs/{n}") for n in manifest["outputs"]},
             driver=driver,
             segments=segments,
         )
@@ -381,6 +439,7 @@ class CheckpointStore:
         """Write epoch ``epoch`` and commit it; then delete epochs beyond ``keep``, and the
         history segments no epoch left names."""
         base = self._path(epoch_dir(epoch))
+        self._check_lease()
         self.files.delete(base)  # what an interrupted earlier write left
         for kind, frames in (("variables", variables), ("outputs", outputs)):
             for name, df in frames.items():
@@ -417,9 +476,10 @@ class CheckpointStore:
             )
 
     def _prune(self, committed: int) -> None:
+        self._check_lease()
         older = [e for e in self.epochs() if e < committed]
         committed_older = [e for e in older if self.files.exists(self._path(epoch_dir(e), MARKER))]
-        keep = set(committed_older[-(self.keep - 1) :]) if self.keep > 1 else set()
+        keep = set(committed_older[-(self.keep - 1) :])
         for epoch in older:
             if epoch not in keep:
                 self.files.delete(self._path(epoch_dir(epoch)))
@@ -440,8 +500,14 @@ class CheckpointStore:
             if f"{HISTORY}/{name}" not in named:
                 self.files.delete(self._path(HISTORY, name))
 
+    def _check_lease(self) -> None:
+        """Raise ``CheckpointInUseError`` when another run has taken the directory over."""
+        if self.lease is not None:
+            self.lease.check()
+
     def clear(self) -> None:
         """Delete every epoch directory and the history (an explicit fresh start)."""
+        self._check_lease()
         for epoch in self.epochs():
             self.files.delete(self._path(epoch_dir(epoch)))
         self.files.delete(self._path(HISTORY))
@@ -574,6 +640,13 @@ class Checkpointing:
         self.options = options
         self.fingerprint = fingerprint
         self.store = CheckpointStore(spark, options.directory, keep=options.keep)
+        self.lease = Lease(
+            self.store.files,
+            self.store.root,
+            timeout_s=lease_timeout_s(spark),
+            option=options.option,
+        )
+        self.store.lease = self.lease
         self.writer = CheckpointWriter(spark, asynchronous=options.asynchronous)
         # The history segments of the last checkpoint committed (or restored), and the
         # epoch of their last round: the next checkpoint writes only the rounds after it.
@@ -582,7 +655,9 @@ class Checkpointing:
         self._epochs: list[int] = []
 
     def restore(self) -> Checkpoint | None:
-        """The checkpoint to continue from, or None to start at round 0."""
+        """Take the directory's lease (``CheckpointInUseError`` while another live run
+        holds it); the checkpoint to continue from, or None to start at round 0."""
+        self.lease.acquire()
         if not self.options.resume:
             self.store.clear()
             return None
@@ -603,7 +678,7 @@ class Checkpointing:
     def latest(self, *, strict: bool = False) -> Checkpoint | None:
         """The newest valid checkpoint (``CheckpointStore.latest``); the history the run
         continues with is its history."""
-        checkpoint = self.store.latest(strict=strict)
+        checkpoint = self.store.latest(strict=strict, remedy=self.options.fresh_start)
         if checkpoint is not None:
             # Without segments (an older checkpoint) the next one writes all the history.
             segments = checkpoint.segments
@@ -683,7 +758,7 @@ class Checkpointing:
             )
             # Committed: the next checkpoint's history continues from this one's.
             self._committed = (data.segments, data.through)
-            self._epochs = [*self._epochs, epoch][-self.options.keep :]
+            self._epochs = [*self._epochs, epoch][-self.store.keep :]
 
         self.writer.submit(epoch, write)
 
@@ -706,6 +781,10 @@ class Checkpointing:
                 IterflowWarning,
                 stacklevel=2,
             )
+
+    def close(self) -> None:
+        """Give the directory's lease back (the run has ended, its writes are done)."""
+        self.lease.release()
 
     def settle(self) -> None:
         """Let a pending write finish when the run fails; its own failure only warns."""

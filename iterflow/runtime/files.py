@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from pathlib import Path
 from typing import Protocol
 
@@ -21,6 +22,8 @@ from iterflow.runtime.jvm import HadoopFiles, is_classic
 
 class Files(Protocol):
     def write_bytes(self, path: str, data: bytes, *, atomic: bool = False) -> None: ...
+
+    def create(self, path: str, data: bytes) -> bool: ...
 
     def read_bytes(self, path: str) -> bytes: ...
 
@@ -57,6 +60,25 @@ class LocalFiles:
             os.fsync(out.fileno())
         if atomic:
             os.replace(written, target)
+
+    def create(self, path: str, data: bytes) -> bool:
+        """Write ``path`` unless it exists; False when it does. Written under another name
+        and linked in place, so that no one reads it half written, and at most one of
+        several processes creates it."""
+        target = self._local(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        written = target.with_name(f"{target.name}._writing-{os.getpid()}-{threading.get_ident()}")
+        with open(written, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        try:
+            os.link(written, target)
+        except FileExistsError:
+            return False
+        finally:
+            written.unlink()
+        return True
 
     def read_bytes(self, path: str) -> bytes:
         return self._local(path).read_bytes()

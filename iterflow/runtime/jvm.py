@@ -188,6 +188,23 @@ class HadoopFiles:
             if not fs.rename(written, self._path(path)):
                 raise OSError(f"could not rename {written} to {path}")
 
+    def create(self, path: str, data: bytes) -> bool:
+        """Write ``path`` unless it exists; False when it does. The file system decides
+        (``create`` without overwrite): atomic on HDFS, where one of several processes
+        wins; readers may see it empty until it is closed."""
+        fs = self._fs(path)
+        try:
+            stream = fs.create(self._path(path), False)
+            try:
+                stream.write(bytearray(data))
+            finally:
+                stream.close()
+        except Exception:
+            if fs.exists(self._path(path)):
+                return False  # another process created it first
+            raise
+        return True
+
     def read_bytes(self, path: str) -> bytes:
         stream = self._fs(path).open(self._path(path))
         try:

@@ -370,4 +370,7 @@ class EpochLoop:
                 self.commits.settle()
                 self.loop.observers.close()
             finally:
-                self.cycle.close()
+                try:
+                    self.cycle.close()
+                finally:
+                    self.checkpointing.close()

@@ -173,7 +173,10 @@ class UnboundedIteration(IterationBuilder):
                 every=1,
                 asynchronous=False,
                 keep=2,
-                strict=True,
+                # Commits off the loop's path rewind Spark's checkpoint to the commit
+                # resumed from, so an older one serves too; otherwise Spark has committed
+                # the micro-batches after the newest, and only it will do.
+                strict=interval is None,
                 option="checkpoint_location",
                 fresh_start="use another checkpoint_location, or delete this one to start over",
             ),
