@@ -29,7 +29,7 @@ from iterflow.unbounded.epochs import EpochLoop, EpochOptions
 from iterflow.unbounded.event_time import EventTime
 from iterflow.unbounded.inputs import combined
 from iterflow.unbounded.query import UnboundedQuery
-from iterflow.unbounded.rewind import check_replayable, rewind
+from iterflow.unbounded.rewind import check_offset_log, check_replayable, rewind
 from iterflow.windows import duration_us
 
 #: Under ``checkpoint_location``: Spark's own streaming checkpoint, and iterflow's epoch log.
@@ -158,10 +158,11 @@ class UnboundedIteration(IterationBuilder):
             ),
         )
         streams = self._streams(active, inputs)
+        location = os.fspath(checkpoint_location).rstrip("/")  # type: ignore[arg-type]
         if interval is not None:
             check_replayable({name: inputs[name] for name in streams})
+            check_offset_log(active, f"{location}/{STREAM_DIR}")
         state_names = frozenset(name for name, b in self._bindings.items() if b.state)
-        location = os.fspath(checkpoint_location).rstrip("/")  # type: ignore[arg-type]
         checkpointing, observers = self._assemble(
             active,
             described_inputs={
