@@ -137,12 +137,12 @@ def test_background_commits_at_a_short_interval_are_fewer_than_epochs(spark, tmp
     files = [[f, 10 * f] for f in range(12)]
     write_numbers(tmp_path / "in", files)
     written = written_commits(monkeypatch)
-    totals: list[int] = []
+    totals = EpochRows()
     query = (
         itf.UnboundedIteration(running_sum)
         .bind("total", spark.createDataFrame([(0,)], "total long"), state=True)
         .bind("numbers", numbers_stream(spark, tmp_path / "in"))
-        .sink("total", lambda df, epoch: totals.append(df.first()["total"]))
+        .sink("total", totals)
         .start(
             checkpoint_location=str(tmp_path / "ckpt"),
             available_now=True,
@@ -152,7 +152,7 @@ def test_background_commits_at_a_short_interval_are_fewer_than_epochs(spark, tmp
     )
     query.await_termination()
     epochs = [epoch for epoch, _ in written]
-    assert totals == list(accumulate(sum(f) for f in files))
+    assert totals.epochs == {e: [t] for e, t in enumerate(accumulate(sum(f) for f in files))}
     assert len(epochs) < len(files) and epochs == sorted(epochs)
     assert epochs[-1] == len(files) - 1  # the end of the inputs commits the last epoch
     assert query.status["committed_epoch"] == len(files) - 1
@@ -262,6 +262,24 @@ def summing(total, numbers):
     )
 
 
+@contextmanager
+def commits_crash_after_epoch_0(monkeypatch) -> Iterator[None]:
+    """Within: every commit of the epoch log after epoch 0 fails, as a crash before it was
+    written would leave it, and the query fails with it (Spark has committed its
+    micro-batches by then)."""
+    written = epoch_log.write
+
+    def crashing(loop, taken):
+        if taken.epoch > 0:
+            raise OSError("crashed")
+        written(loop, taken)
+
+    monkeypatch.setattr(epoch_log, "write", crashing)
+    with pytest.raises(OSError, match="crashed"):
+        yield
+    monkeypatch.setattr(epoch_log, "write", written)
+
+
 @pytest.mark.parametrize("version", [pytest.param("1", marks=pytest.mark.slow_spark), "2"])
 def test_a_restart_after_spark_ran_ahead_of_the_epoch_log_is_exactly_once(
     spark, tmp_path, monkeypatch, version
@@ -285,18 +303,9 @@ def test_a_restart_after_spark_ran_ahead_of_the_epoch_log_is_exactly_once(
             )
         )
 
-    written = epoch_log.write
-
-    def crashing(loop, taken):
-        if taken.epoch > 0:
-            raise OSError("crashed")
-        written(loop, taken)
-
     with offset_log_format(spark, version):
-        monkeypatch.setattr(epoch_log, "write", crashing)
-        with pytest.raises(OSError, match="crashed"):
+        with commits_crash_after_epoch_0(monkeypatch):
             started().await_termination(timeout=300)
-        monkeypatch.setattr(epoch_log, "write", written)
         offsets = (ckpt / "stream" / "offsets" / "0").read_text()
         assert offsets.startswith(f"v{version}\n")
         # Spark committed every micro-batch; the epoch log holds epoch 0 (micro-batch 0).
@@ -378,3 +387,68 @@ def test_a_rewind_puts_named_sources_back_by_their_ids_in_the_offset_map(spark, 
             assert delivered() == [(b, [b, 100 + b]) for b in range(2, 4)]
     finally:
         spark.conf.unset(evolution)
+
+
+class EpochRows:
+    """A callable sink that keeps each epoch's values (its output's first column), and
+    drops the epochs after one."""
+
+    def __init__(self) -> None:
+        self.epochs: dict[int, list[int]] = {}
+        self.discarded: list[int] = []
+
+    def __call__(self, df, epoch: int) -> None:
+        self.epochs[epoch] = sorted(r[0] for r in df.collect())
+
+    def discard_after(self, epoch: int) -> None:
+        self.discarded.append(epoch)
+        self.epochs = {e: rows for e, rows in self.epochs.items() if e <= epoch}
+
+
+def test_a_callable_sink_drops_what_a_crashed_attempt_wrote_past_the_restart(
+    spark, tmp_path, monkeypatch
+):
+    files = [[10 * f] for f in range(4)]
+    write_numbers(tmp_path / "in", files)
+    sink = EpochRows()
+
+    def started(files_per_trigger: int) -> itf.UnboundedQuery:
+        return (
+            itf.UnboundedIteration(summing)
+            .bind("total", spark.createDataFrame([(0,)], "total long"), state=True)
+            .bind("numbers", numbers_stream(spark, tmp_path / "in", files_per_trigger))
+            .sink("numbers", sink)
+            .start(
+                checkpoint_location=str(tmp_path / "ckpt"),
+                available_now=True,
+                progress=False,
+                commit_interval_s=600,
+            )
+        )
+
+    with commits_crash_after_epoch_0(monkeypatch):
+        started(1).await_termination(timeout=300)
+    assert sink.epochs == dict(enumerate(files))  # the epoch log holds epoch 0 only
+    # Spark plans the micro-batches after the commit afresh: here as one, so the restart
+    # runs one epoch where the crashed attempt ran three.
+    query = started(len(files))
+    query.await_termination(timeout=300)
+    assert query.resumed_from == 0
+    assert sink.discarded == [0]
+    assert sink.epochs == {0: [0], 1: [10, 20, 30]}
+
+
+def test_a_callable_sink_that_cannot_drop_epochs_is_refused_with_background_commits(
+    spark, tmp_path
+):
+    write_numbers(tmp_path / "in", [[1]])
+    iteration = (
+        itf.UnboundedIteration(summing)
+        .bind("total", spark.createDataFrame([(0,)], "total long"), state=True)
+        .bind("numbers", numbers_stream(spark, tmp_path / "in"))
+        .sink("total", itf.FileSink(str(tmp_path / "total")))
+        .sink("numbers", lambda df, epoch: None)
+    )
+    with pytest.raises(IterflowError, match=r"sink 'numbers' .*discard_after\(epoch\)"):
+        iteration.start(checkpoint_location=str(tmp_path / "ckpt"), commit_interval_s=5)
+    assert not (tmp_path / "ckpt").exists()  # refused before anything started

@@ -24,6 +24,7 @@ from iterflow.runtime.driver_variables import driver_rows
 from iterflow.runtime.files import files_for
 from iterflow.runtime.jvm import is_classic
 from iterflow.runtime.schema import describe_inputs
+from iterflow.runtime.sinks import check_discarding
 from iterflow.unbounded.committer import RETAINED_BATCHES_CONF
 from iterflow.unbounded.epochs import EpochLoop, EpochOptions
 from iterflow.unbounded.event_time import EventTime
@@ -129,8 +130,9 @@ class UnboundedIteration(IterationBuilder):
         ``commit_interval_s=None`` commits every micro-batch before Spark does. A number
         of seconds writes commits in the background instead, at most that often, so
         epochs do not wait for them; after a crash the epochs since the last commit run
-        again (file sinks still hold every row once; callable sinks are called again).
-        It needs sources that replay (files, Kafka, rate). See docs/unbounded.md,
+        again (file sinks still hold every row once; a callable sink needs a
+        ``discard_after(epoch)`` method to, and is refused without one). It needs
+        sources that replay (files, Kafka, rate). See docs/unbounded.md,
         "Commits that do not stall the loop"::
 
             .start(checkpoint_location=ckpt, commit_interval_s=5)
@@ -162,6 +164,7 @@ class UnboundedIteration(IterationBuilder):
         if interval is not None:
             check_replayable({name: inputs[name] for name in streams})
             check_offset_log(active, f"{location}/{STREAM_DIR}")
+            check_discarding(self._sinks_by_output, "start(commit_interval_s=...)")
         state_names = frozenset(name for name, b in self._bindings.items() if b.state)
         checkpointing, observers = self._assemble(
             active,
