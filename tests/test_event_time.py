@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from test_unbounded import write_rows
 import iterflow as itf
 from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
 from iterflow.progress.events import read_events
+from iterflow.unbounded.event_time import EventTime, watermark_policy
 
 pytestmark = pytest.mark.spark
 
@@ -175,6 +177,76 @@ def test_rows_in_flight_hold_the_loop_watermark_and_windows_wait_for_them(spark,
             assert mark["loop"] <= at(1)
     assert any(flights) and marks[-1]["loop"] == datetime.max.replace(tzinfo=timezone.utc)
     assert all(sum(p.late_rows.values()) == 0 for p in query.progress)
+
+
+# -- inputs without rows --------------------------------------------------------------------
+
+
+@itf.body
+def summed_per_10s(a, b, ctx):
+    per10 = ctx.window(a.unionByName(b), itf.FixedWindows("10 seconds"), name="per10")
+    return itf.Declaration(outputs={"sums": per10.groupBy("window").agg(F.sum("v").alias("v"))})
+
+
+@pytest.mark.parametrize("policy", ["max", "min"])
+def test_an_input_without_rows_holds_windows_back_as_in_structured_streaming(
+    spark, tmp_path, caplog, policy
+):
+    # Structured Streaming counts a source without data at its initial watermark and
+    # combines the sources' by spark.sql.streaming.multipleWatermarkPolicy: under "min"
+    # (the default) it holds the query back, under "max" the source with data drives it.
+    write_rows(tmp_path / "a", [[{"t": 10 * f + 1, "v": f}] for f in range(3)])
+    (tmp_path / "b").mkdir()  # never receives a row
+    fired: list[tuple] = []
+    setting = "spark.sql.streaming.multipleWatermarkPolicy"
+    spark.conf.set(setting, policy)
+    try:
+        with caplog.at_level(logging.WARNING, logger="iterflow.unbounded"):
+            query = (
+                itf.UnboundedIteration(summed_per_10s)
+                .bind("a", timed_stream(spark, tmp_path / "a"), event_time="ts")
+                .bind("b", timed_stream(spark, tmp_path / "b"), event_time="ts")
+                .listen(lambda end: fired.extend(windows_of(end.outputs["sums"], "v")))
+                .start(
+                    checkpoint_location=str(tmp_path / "ckpt"),
+                    processing_time="100 milliseconds",
+                    progress=False,
+                )
+            )
+            try:
+                query.process_all_available()
+                marks = query.history[-1].watermarks
+            finally:
+                query.stop()
+    finally:
+        spark.conf.unset(setting)
+    idle = [r.getMessage() for r in caplog.records if "'b' has seen no row" in r.getMessage()]
+    if policy == "max":
+        # The last row (t=21) put the watermark at 21: the windows before it fired.
+        assert sorted(fired) == [(0, 10, 0), (10, 20, 1)]
+        assert marks["loop"] == at(21) and marks["b"] == datetime.min.replace(tzinfo=timezone.utc)
+        assert not idle
+    else:
+        assert fired == []
+        assert marks["loop"] == datetime.min.replace(tzinfo=timezone.utc)
+        assert len(idle) == 1 and f"{setting}=min" in idle[0]  # said once, not per epoch
+
+
+def test_a_restart_keeps_the_watermark_policy_of_its_commit(caplog):
+    timing = {"sources": {"a": ("ts", 0), "b": ("ts", 0)}, "columns": {"a": "ts", "b": "ts"}}
+    committed = EventTime(**timing, policy="max").snapshot()
+    restarted = EventTime(**timing, policy="min")
+    with caplog.at_level(logging.WARNING, logger="iterflow.unbounded"):
+        restarted.restore(committed, {})
+    assert restarted.policy == "max"  # as a Spark checkpoint keeps its own
+    assert "goes on with 'max'" in caplog.text
+    old = {k: v for k, v in committed.items() if k != "policy"}  # a commit from before
+    restored = EventTime(**timing, policy="min")
+    restored.restore(old, {})
+    assert restored.policy == "min"
+    assert watermark_policy(None) == "min" and watermark_policy(" MAX ") == "max"
+    with pytest.raises(IterflowValueError, match="multipleWatermarkPolicy='avg'"):
+        watermark_policy("avg")
 
 
 # -- incremental join ----------------------------------------------------------------------

@@ -27,7 +27,7 @@ from iterflow.runtime.schema import describe_inputs
 from iterflow.runtime.sinks import check_discarding
 from iterflow.unbounded.committer import RETAINED_BATCHES_CONF
 from iterflow.unbounded.epochs import EpochLoop, EpochOptions
-from iterflow.unbounded.event_time import EventTime
+from iterflow.unbounded.event_time import WATERMARK_POLICY_CONF, EventTime, watermark_policy
 from iterflow.unbounded.inputs import combined
 from iterflow.unbounded.query import UnboundedQuery
 from iterflow.unbounded.rewind import check_offset_log, check_replayable, rewind
@@ -192,6 +192,7 @@ class UnboundedIteration(IterationBuilder):
             EventTime(
                 sources={n: t for n, t in self._event_times.items() if n in streams},
                 columns={n: column for n, (column, _) in self._event_times.items()},
+                policy=watermark_policy(active.conf.get(WATERMARK_POLICY_CONF, None)),
             )
             if self._event_times
             else None
