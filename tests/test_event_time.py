@@ -121,6 +121,53 @@ def test_chained_windows_keep_what_a_single_global_watermark_drops(spark, tmp_pa
     assert all(sum(p.late_rows.values()) == 0 for p in query.progress)
 
 
+REBUILT = {
+    "localCheckpoint": lambda df: df.localCheckpoint(eager=True),
+    "createDataFrame": lambda df: df.sparkSession.createDataFrame(df.rdd, df.schema),
+}
+
+
+@pytest.mark.parametrize(
+    "rebuild", ["localCheckpoint", pytest.param("createDataFrame", marks=pytest.mark.slow_spark)]
+)
+def test_chained_windows_keep_their_rows_when_the_first_ones_output_is_rebuilt(
+    spark, tmp_path, caplog, rebuild
+):
+    # As above, with the first step's maxes checkpointed (or rebuilt) before the second
+    # step: the rows no longer show that they come from the first step.
+    @itf.body
+    def rebuilt_maxes(values, ctx):
+        first = ctx.window(values, itf.FixedWindows("3 seconds"), name="first")
+        maxes = REBUILT[rebuild](first.groupBy("window").agg(F.max("v").alias("v")))
+        second = ctx.window(maxes, itf.FixedWindows("6 seconds"), name="second")
+        result = second.groupBy("window").agg(F.max("v").alias("v"))
+        return itf.Declaration(outputs={"maxes": maxes, "result": result})
+
+    batches = [[(1, 6)], [(2, 4)], [(3, 5)], [(7, 1)]]
+    write_rows(tmp_path / "in", [[{"t": t, "v": v} for t, v in b] for b in batches])
+    maxes, results = [], []
+
+    def listen(end):
+        maxes.extend(windows_of(end.outputs["maxes"], "v"))
+        results.extend(windows_of(end.outputs["result"], "v"))
+
+    with caplog.at_level(logging.INFO, logger="iterflow.unbounded"):
+        query = (
+            itf.UnboundedIteration(rebuilt_maxes)
+            .bind("values", timed_stream(spark, tmp_path / "in"), event_time="ts")
+            .listen(listen)
+            .start(checkpoint_location=str(tmp_path / "ckpt"), available_now=True, progress=False)
+        )
+        assert query.await_termination(timeout=180)
+    assert maxes == [(0, 3, 6), (3, 6, 5), (6, 9, 1)]
+    assert results == [(0, 6, 6), (6, 12, 1)]  # the 6 reached the second step in time
+    assert all(sum(p.late_rows.values()) == 0 for p in query.progress)
+    unknown = [
+        r.getMessage() for r in caplog.records if "step 'second' reads rows" in r.getMessage()
+    ]
+    assert len(unknown) == 1  # once per run
+
+
 # -- the feedback loop holds the watermark --------------------------------------------------
 
 

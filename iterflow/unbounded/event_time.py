@@ -41,7 +41,7 @@ micro-batch), so chained steps fire within the micro-batch that made them due.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -117,7 +117,8 @@ class EventTime:
         self.sources = dict(sources)
         self.columns = dict(columns)
         self.policy = policy
-        self.told: set[str] = set()  # inputs logged as holding the loop back
+        self.told_idle: set[str] = set()  # inputs logged as holding the loop back
+        self.told_unknown: set[str] = set()  # steps logged as reading rows of unknown origin
         self.max_seen: dict[str, int] = {}
         self.ended = False
         self.feedback_min: dict[str, int] = {}
@@ -146,8 +147,8 @@ class EventTime:
         """Log once per input that one without rows holds the loop back under "min"."""
         if self.policy != "min" or self.ended or not self.max_seen:
             return
-        for name in sorted(set(self.sources) - set(self.max_seen) - self.told):
-            self.told.add(name)
+        for name in sorted(set(self.sources) - set(self.max_seen) - self.told_idle):
+            self.told_idle.add(name)
             log.warning(
                 "event-time input '%s' has seen no row yet, so it holds the loop's "
                 "watermark (and every window) back, as an input without data does in "
@@ -175,8 +176,14 @@ class EventTime:
 
     # -- an epoch ------------------------------------------------------------------------
 
-    def begin(self, epoch: int, cache: Callable[[DataFrame], DataFrame]) -> EpochSteps:
-        """The event-time steps of epoch ``epoch``, with this epoch's watermarks."""
+    def begin(
+        self,
+        epoch: int,
+        cache: Callable[[DataFrame], DataFrame],
+        inputs: Iterable[DataFrame] = (),
+    ) -> EpochSteps:
+        """The event-time steps of epoch ``epoch``, with this epoch's watermarks; ``inputs``
+        are the DataFrames the body gets."""
         self.loop_input = max(self.loop_input, self._input_now())
         previous = {
             name: PreviousStep(
@@ -195,6 +202,8 @@ class EventTime:
             previous=previous,
             reserved=[*self.columns, "loop"],
             cache=cache,
+            inputs=inputs,
+            told=self.told_unknown,
         )
 
     def input_metrics(self, name: str) -> list[Column]:
