@@ -90,10 +90,14 @@ def global_watermark(batches: list[list[tuple[int, int]]]) -> list[tuple[str, fl
     return dropped
 
 
-def test_chained_windows_keep_what_a_single_global_watermark_drops(spark, tmp_path):
-    # Values 6, 4, 5 at times 1, 2, 3; then 1 at time 7 moves the watermark on.
-    batches = [[(1, 6)], [(2, 4)], [(3, 5)], [(7, 1)]]
-    write_rows(tmp_path / "in", [[{"t": t, "v": v} for t, v in b] for b in batches])
+#: Values 6, 4, 5 at times 1, 2, 3; then 1 at time 7 moves the watermark on.
+BATCHES = [[(1, 6)], [(2, 4)], [(3, 5)], [(7, 1)]]
+
+
+def run_chained(spark, tmp_path, body) -> tuple[list, list, list, itf.UnboundedQuery]:
+    """``body`` (outputs ``maxes`` and ``result``) over ``BATCHES``, one micro-batch each:
+    the windows of each output and the watermarks of each epoch, and the ended query."""
+    write_rows(tmp_path / "in", [[{"t": t, "v": v} for t, v in b] for b in BATCHES])
     maxes, results, marks = [], [], []
 
     def listen(end):
@@ -102,17 +106,22 @@ def test_chained_windows_keep_what_a_single_global_watermark_drops(spark, tmp_pa
         marks.append(dict(end.watermarks))
 
     query = (
-        itf.UnboundedIteration(max_of_maxes)
+        itf.UnboundedIteration(body)
         .bind("values", timed_stream(spark, tmp_path / "in"), event_time="ts")
         .listen(listen)
         .start(checkpoint_location=str(tmp_path / "ckpt"), available_now=True, progress=False)
     )
     assert query.await_termination(timeout=180)
+    return maxes, results, marks, query
+
+
+def test_chained_windows_keep_what_a_single_global_watermark_drops(spark, tmp_path):
+    maxes, results, marks, query = run_chained(spark, tmp_path, max_of_maxes)
     assert maxes == [(0, 3, 6), (3, 6, 5), (6, 9, 1)]
     # With a watermark per step, the max 6 of [0, 3) reaches the second step in time.
     assert results == [(0, 6, 6), (6, 12, 1)]
     # One global watermark would have dropped it: the second step sees it as late.
-    assert ("second", 3 - 1e-6, 6) in global_watermark(batches)
+    assert ("second", 3 - 1e-6, 6) in global_watermark(BATCHES)
     # The second step's output watermark stays behind the first step's pending maxes.
     assert all(m["second"] <= m["first"] <= m["values"] for m in marks)
     assert all(m["loop"] == min(m.values()) for m in marks)
@@ -143,22 +152,8 @@ def test_chained_windows_keep_their_rows_when_the_first_ones_output_is_rebuilt(
         result = second.groupBy("window").agg(F.max("v").alias("v"))
         return itf.Declaration(outputs={"maxes": maxes, "result": result})
 
-    batches = [[(1, 6)], [(2, 4)], [(3, 5)], [(7, 1)]]
-    write_rows(tmp_path / "in", [[{"t": t, "v": v} for t, v in b] for b in batches])
-    maxes, results = [], []
-
-    def listen(end):
-        maxes.extend(windows_of(end.outputs["maxes"], "v"))
-        results.extend(windows_of(end.outputs["result"], "v"))
-
     with caplog.at_level(logging.INFO, logger="iterflow.unbounded"):
-        query = (
-            itf.UnboundedIteration(rebuilt_maxes)
-            .bind("values", timed_stream(spark, tmp_path / "in"), event_time="ts")
-            .listen(listen)
-            .start(checkpoint_location=str(tmp_path / "ckpt"), available_now=True, progress=False)
-        )
-        assert query.await_termination(timeout=180)
+        maxes, results, _, query = run_chained(spark, tmp_path, rebuilt_maxes)
     assert maxes == [(0, 3, 6), (3, 6, 5), (6, 9, 1)]
     assert results == [(0, 6, 6), (6, 12, 1)]  # the 6 reached the second step in time
     assert all(sum(p.late_rows.values()) == 0 for p in query.progress)

@@ -31,6 +31,20 @@ def written(spark: SparkSession, path: Path) -> list[tuple[int, int, int]]:
     return sorted((r["epoch"], r["id"], r["v"]) for r in spark.read.parquet(str(path)).collect())
 
 
+def checkpointed_run(
+    spark: SparkSession, tmp_path: Path, rounds: int, output: str, sink: object
+) -> itf.IterationResult:
+    """``shift`` for ``rounds`` rounds, ``output`` to ``sink``, checkpointed every 2 rounds
+    under ``tmp_path`` (so a later call resumes)."""
+    return (
+        itf.BoundedIteration(shift)
+        .bind("x", start(spark))
+        .until(itf.max_rounds(rounds))
+        .sink(output, sink)
+        .run(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2)
+    )
+
+
 def test_every_rounds_output_is_written_once_with_its_epoch(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -62,13 +76,7 @@ def test_a_resumed_run_writes_the_rounds_after_its_checkpoint_once(
     sink = itf.FileSink(str(tmp_path / "x"))
 
     def run(rounds: int) -> itf.IterationResult:
-        return (
-            itf.BoundedIteration(shift)
-            .bind("x", start(spark))
-            .until(itf.max_rounds(rounds))
-            .sink("x", sink)
-            .run(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2)
-        )
+        return checkpointed_run(spark, tmp_path, rounds, "x", sink)
 
     run(5).release()
     # A crashed attempt of epoch 6 left other rows: the resumed run replaces them.
@@ -121,13 +129,7 @@ def test_a_callable_sink_with_discard_after_holds_every_round_once_across_a_resu
     sink.totals[12] = -1  # left by an earlier run: a fresh start drops it
 
     def run(rounds: int) -> itf.IterationResult:
-        return (
-            itf.BoundedIteration(shift)
-            .bind("x", start(spark))
-            .until(itf.max_rounds(rounds))
-            .sink("total", sink)
-            .run(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2)
-        )
+        return checkpointed_run(spark, tmp_path, rounds, "total", sink)
 
     run(5).release()
     assert sink.discarded == [-1]

@@ -211,24 +211,29 @@ def test_sources_that_cannot_replay_are_refused_with_background_commits(spark, t
             iteration.start(checkpoint_location=str(tmp_path / "ckpt"), commit_interval_s=1)
 
 
+def delivered_batches(stream, location: Path) -> list[tuple[int, list[int]]]:
+    """Run ``stream`` (a column ``x``) available-now with its checkpoint at ``location``:
+    each micro-batch Spark delivered, with its values of ``x``."""
+    batches: list[tuple[int, list[int]]] = []
+    query = (
+        stream.writeStream.foreachBatch(
+            lambda df, b: batches.append((b, sorted(r["x"] for r in df.collect())))
+        )
+        .option("checkpointLocation", str(location))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    return batches
+
+
 def test_a_rewind_rebuilds_the_file_source_log_that_spark_compacted_and_cleaned(spark, tmp_path):
     files = [[f] for f in range(25)]
     write_numbers(tmp_path / "in", files)
     location = tmp_path / "stream"
 
     def delivered() -> list[tuple[int, list[int]]]:
-        batches: list[tuple[int, list[int]]] = []
-        query = (
-            numbers_stream(spark, tmp_path / "in")
-            .writeStream.foreachBatch(
-                lambda df, b: batches.append((b, sorted(r["x"] for r in df.collect())))
-            )
-            .option("checkpointLocation", str(location))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination()
-        return batches
+        return delivered_batches(numbers_stream(spark, tmp_path / "in"), location)
 
     assert delivered() == [(b, [b]) for b in range(25)]
     log = location / "sources" / "0"
@@ -364,17 +369,7 @@ def test_a_rewind_puts_named_sources_back_by_their_ids_in_the_offset_map(spark, 
             .json(str(tmp_path / "right"))
             .unionByName(reader.name("left").json(str(tmp_path / "left")))
         )
-        batches: list[tuple[int, list[int]]] = []
-        query = (
-            both.writeStream.foreachBatch(
-                lambda df, b: batches.append((b, sorted(r["x"] for r in df.collect())))
-            )
-            .option("checkpointLocation", str(location))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination()
-        return batches
+        return delivered_batches(both, location)
 
     evolution = "spark.sql.streaming.queryEvolution.enableSourceEvolution"
     spark.conf.set(evolution, "true")
