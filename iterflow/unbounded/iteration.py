@@ -24,7 +24,7 @@ from iterflow.runtime.driver_variables import driver_rows
 from iterflow.runtime.files import files_for
 from iterflow.runtime.jvm import is_classic
 from iterflow.runtime.schema import describe_inputs
-from iterflow.runtime.sinks import check_discarding
+from iterflow.runtime.sinks import Sink, check_discarding
 from iterflow.unbounded.committer import RETAINED_BATCHES_CONF
 from iterflow.unbounded.epochs import EpochLoop, EpochOptions
 from iterflow.unbounded.event_time import WATERMARK_POLICY_CONF, EventTime, watermark_policy
@@ -162,9 +162,7 @@ class UnboundedIteration(IterationBuilder):
         streams = self._streams(active, inputs)
         location = os.fspath(checkpoint_location).rstrip("/")  # type: ignore[arg-type]
         if interval is not None:
-            check_replayable({name: inputs[name] for name in streams})
-            check_offset_log(active, f"{location}/{STREAM_DIR}")
-            check_discarding(self._sinks_by_output, "start(commit_interval_s=...)")
+            _check_replays(active, {n: inputs[n] for n in streams}, self._sinks_by_output, location)
         state_names = frozenset(name for name, b in self._bindings.items() if b.state)
         checkpointing, observers = self._assemble(
             active,
@@ -325,6 +323,17 @@ def _check_start(
         raise IterflowValueError(
             f"start(available_now=True, processing_time='{processing_time}'): choose one trigger"
         )
+
+
+def _check_replays(
+    spark: SparkSession, streams: Mapping[str, DataFrame], sinks: Mapping[str, Sink], location: str
+) -> None:
+    """``start(commit_interval_s=...)`` replays the epochs after the last commit on a restart:
+    the sources must read them again, the offset log must be one a rewind reads, and the
+    sinks must drop what a crashed attempt wrote."""
+    check_replayable(dict(streams))
+    check_offset_log(spark, f"{location}/{STREAM_DIR}")
+    check_discarding(sinks, "start(commit_interval_s=...)")
 
 
 def _commit_interval(value: object) -> float | None:
