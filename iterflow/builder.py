@@ -89,7 +89,10 @@ class IterationBuilder:
         ``path/epoch=<n>`` (read back with an ``epoch`` column), exactly once, crashes and
         resumes included. Or a function ``(df, epoch) -> None``, called at least once per
         round and again with the same epoch and rows for a round that runs again after a
-        crash: make it idempotent per epoch.
+        crash: make it idempotent per epoch. A function with a ``discard_after(epoch)``
+        method is told, as a ``FileSink`` is, to drop what it holds of the rounds after
+        the one a run starts from (-1 on a fresh start); an unbounded run with
+        ``commit_interval_s`` needs it.
         """
         if not isinstance(name, str) or not name:
             raise IterflowTypeError(f"sink() takes an output name (str), got {name!r}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from test_unbounded import write_rows
 import iterflow as itf
 from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
 from iterflow.progress.events import read_events
+from iterflow.unbounded.event_time import EventTime, watermark_policy
 
 pytestmark = pytest.mark.spark
 
@@ -88,10 +90,14 @@ def global_watermark(batches: list[list[tuple[int, int]]]) -> list[tuple[str, fl
     return dropped
 
 
-def test_chained_windows_keep_what_a_single_global_watermark_drops(spark, tmp_path):
-    # Values 6, 4, 5 at times 1, 2, 3; then 1 at time 7 moves the watermark on.
-    batches = [[(1, 6)], [(2, 4)], [(3, 5)], [(7, 1)]]
-    write_rows(tmp_path / "in", [[{"t": t, "v": v} for t, v in b] for b in batches])
+#: Values 6, 4, 5 at times 1, 2, 3; then 1 at time 7 moves the watermark on.
+BATCHES = [[(1, 6)], [(2, 4)], [(3, 5)], [(7, 1)]]
+
+
+def run_chained(spark, tmp_path, body) -> tuple[list, list, list, itf.UnboundedQuery]:
+    """``body`` (outputs ``maxes`` and ``result``) over ``BATCHES``, one micro-batch each:
+    the windows of each output and the watermarks of each epoch, and the ended query."""
+    write_rows(tmp_path / "in", [[{"t": t, "v": v} for t, v in b] for b in BATCHES])
     maxes, results, marks = [], [], []
 
     def listen(end):
@@ -100,23 +106,61 @@ def test_chained_windows_keep_what_a_single_global_watermark_drops(spark, tmp_pa
         marks.append(dict(end.watermarks))
 
     query = (
-        itf.UnboundedIteration(max_of_maxes)
+        itf.UnboundedIteration(body)
         .bind("values", timed_stream(spark, tmp_path / "in"), event_time="ts")
         .listen(listen)
         .start(checkpoint_location=str(tmp_path / "ckpt"), available_now=True, progress=False)
     )
     assert query.await_termination(timeout=180)
+    return maxes, results, marks, query
+
+
+def test_chained_windows_keep_what_a_single_global_watermark_drops(spark, tmp_path):
+    maxes, results, marks, query = run_chained(spark, tmp_path, max_of_maxes)
     assert maxes == [(0, 3, 6), (3, 6, 5), (6, 9, 1)]
     # With a watermark per step, the max 6 of [0, 3) reaches the second step in time.
     assert results == [(0, 6, 6), (6, 12, 1)]
     # One global watermark would have dropped it: the second step sees it as late.
-    assert ("second", 3 - 1e-6, 6) in global_watermark(batches)
+    assert ("second", 3 - 1e-6, 6) in global_watermark(BATCHES)
     # The second step's output watermark stays behind the first step's pending maxes.
     assert all(m["second"] <= m["first"] <= m["values"] for m in marks)
     assert all(m["loop"] == min(m.values()) for m in marks)
     assert marks[-1]["loop"] == datetime.max.replace(tzinfo=timezone.utc)  # inputs ended
     # No epoch dropped a row.
     assert all(sum(p.late_rows.values()) == 0 for p in query.progress)
+
+
+REBUILT = {
+    "localCheckpoint": lambda df: df.localCheckpoint(eager=True),
+    "createDataFrame": lambda df: df.sparkSession.createDataFrame(df.rdd, df.schema),
+}
+
+
+@pytest.mark.parametrize(
+    "rebuild", ["localCheckpoint", pytest.param("createDataFrame", marks=pytest.mark.slow_spark)]
+)
+def test_chained_windows_keep_their_rows_when_the_first_ones_output_is_rebuilt(
+    spark, tmp_path, caplog, rebuild
+):
+    # As above, with the first step's maxes checkpointed (or rebuilt) before the second
+    # step: the rows no longer show that they come from the first step.
+    @itf.body
+    def rebuilt_maxes(values, ctx):
+        first = ctx.window(values, itf.FixedWindows("3 seconds"), name="first")
+        maxes = REBUILT[rebuild](first.groupBy("window").agg(F.max("v").alias("v")))
+        second = ctx.window(maxes, itf.FixedWindows("6 seconds"), name="second")
+        result = second.groupBy("window").agg(F.max("v").alias("v"))
+        return itf.Declaration(outputs={"maxes": maxes, "result": result})
+
+    with caplog.at_level(logging.INFO, logger="iterflow.unbounded"):
+        maxes, results, _, query = run_chained(spark, tmp_path, rebuilt_maxes)
+    assert maxes == [(0, 3, 6), (3, 6, 5), (6, 9, 1)]
+    assert results == [(0, 6, 6), (6, 12, 1)]  # the 6 reached the second step in time
+    assert all(sum(p.late_rows.values()) == 0 for p in query.progress)
+    unknown = [
+        r.getMessage() for r in caplog.records if "step 'second' reads rows" in r.getMessage()
+    ]
+    assert len(unknown) == 1  # once per run
 
 
 # -- the feedback loop holds the watermark --------------------------------------------------
@@ -175,6 +219,76 @@ def test_rows_in_flight_hold_the_loop_watermark_and_windows_wait_for_them(spark,
             assert mark["loop"] <= at(1)
     assert any(flights) and marks[-1]["loop"] == datetime.max.replace(tzinfo=timezone.utc)
     assert all(sum(p.late_rows.values()) == 0 for p in query.progress)
+
+
+# -- inputs without rows --------------------------------------------------------------------
+
+
+@itf.body
+def summed_per_10s(a, b, ctx):
+    per10 = ctx.window(a.unionByName(b), itf.FixedWindows("10 seconds"), name="per10")
+    return itf.Declaration(outputs={"sums": per10.groupBy("window").agg(F.sum("v").alias("v"))})
+
+
+@pytest.mark.parametrize("policy", ["max", "min"])
+def test_an_input_without_rows_holds_windows_back_as_in_structured_streaming(
+    spark, tmp_path, caplog, policy
+):
+    # Structured Streaming counts a source without data at its initial watermark and
+    # combines the sources' by spark.sql.streaming.multipleWatermarkPolicy: under "min"
+    # (the default) it holds the query back, under "max" the source with data drives it.
+    write_rows(tmp_path / "a", [[{"t": 10 * f + 1, "v": f}] for f in range(3)])
+    (tmp_path / "b").mkdir()  # never receives a row
+    fired: list[tuple] = []
+    setting = "spark.sql.streaming.multipleWatermarkPolicy"
+    spark.conf.set(setting, policy)
+    try:
+        with caplog.at_level(logging.WARNING, logger="iterflow.unbounded"):
+            query = (
+                itf.UnboundedIteration(summed_per_10s)
+                .bind("a", timed_stream(spark, tmp_path / "a"), event_time="ts")
+                .bind("b", timed_stream(spark, tmp_path / "b"), event_time="ts")
+                .listen(lambda end: fired.extend(windows_of(end.outputs["sums"], "v")))
+                .start(
+                    checkpoint_location=str(tmp_path / "ckpt"),
+                    processing_time="100 milliseconds",
+                    progress=False,
+                )
+            )
+            try:
+                query.process_all_available()
+                marks = query.history[-1].watermarks
+            finally:
+                query.stop()
+    finally:
+        spark.conf.unset(setting)
+    idle = [r.getMessage() for r in caplog.records if "'b' has seen no row" in r.getMessage()]
+    if policy == "max":
+        # The last row (t=21) put the watermark at 21: the windows before it fired.
+        assert sorted(fired) == [(0, 10, 0), (10, 20, 1)]
+        assert marks["loop"] == at(21) and marks["b"] == datetime.min.replace(tzinfo=timezone.utc)
+        assert not idle
+    else:
+        assert fired == []
+        assert marks["loop"] == datetime.min.replace(tzinfo=timezone.utc)
+        assert len(idle) == 1 and f"{setting}=min" in idle[0]  # said once, not per epoch
+
+
+def test_a_restart_keeps_the_watermark_policy_of_its_commit(caplog):
+    timing = {"sources": {"a": ("ts", 0), "b": ("ts", 0)}, "columns": {"a": "ts", "b": "ts"}}
+    committed = EventTime(**timing, policy="max").snapshot()
+    restarted = EventTime(**timing, policy="min")
+    with caplog.at_level(logging.WARNING, logger="iterflow.unbounded"):
+        restarted.restore(committed, {})
+    assert restarted.policy == "max"  # as a Spark checkpoint keeps its own
+    assert "goes on with 'max'" in caplog.text
+    old = {k: v for k, v in committed.items() if k != "policy"}  # a commit from before
+    restored = EventTime(**timing, policy="min")
+    restored.restore(old, {})
+    assert restored.policy == "min"
+    assert watermark_policy(None) == "min" and watermark_policy(" MAX ") == "max"
+    with pytest.raises(IterflowValueError, match="multipleWatermarkPolicy='avg'"):
+        watermark_policy("avg")
 
 
 # -- incremental join ----------------------------------------------------------------------

@@ -31,6 +31,20 @@ def written(spark: SparkSession, path: Path) -> list[tuple[int, int, int]]:
     return sorted((r["epoch"], r["id"], r["v"]) for r in spark.read.parquet(str(path)).collect())
 
 
+def checkpointed_run(
+    spark: SparkSession, tmp_path: Path, rounds: int, output: str, sink: object
+) -> itf.IterationResult:
+    """``shift`` for ``rounds`` rounds, ``output`` to ``sink``, checkpointed every 2 rounds
+    under ``tmp_path`` (so a later call resumes)."""
+    return (
+        itf.BoundedIteration(shift)
+        .bind("x", start(spark))
+        .until(itf.max_rounds(rounds))
+        .sink(output, sink)
+        .run(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2)
+    )
+
+
 def test_every_rounds_output_is_written_once_with_its_epoch(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -62,13 +76,7 @@ def test_a_resumed_run_writes_the_rounds_after_its_checkpoint_once(
     sink = itf.FileSink(str(tmp_path / "x"))
 
     def run(rounds: int) -> itf.IterationResult:
-        return (
-            itf.BoundedIteration(shift)
-            .bind("x", start(spark))
-            .until(itf.max_rounds(rounds))
-            .sink("x", sink)
-            .run(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2)
-        )
+        return checkpointed_run(spark, tmp_path, rounds, "x", sink)
 
     run(5).release()
     # A crashed attempt of epoch 6 left other rows: the resumed run replaces them.
@@ -97,3 +105,48 @@ def test_a_sink_needs_an_output_of_its_name(spark: SparkSession, tmp_path: Path)
         iteration.sink("x", itf.FileSink(str(tmp_path / "a"))).sink("x", print)
     with pytest.raises(itf.IterflowError, match=r"takes itf\.FileSink"):
         iteration.sink("total", 42)
+
+
+class EpochTotals:
+    """A callable sink that keeps each round's total, and drops the rounds after one."""
+
+    def __init__(self) -> None:
+        self.totals: dict[int, int] = {}
+        self.discarded: list[int] = []
+
+    def __call__(self, df: DataFrame, epoch: int) -> None:
+        self.totals[epoch] = df.first()[0]
+
+    def discard_after(self, epoch: int) -> None:
+        self.discarded.append(epoch)
+        self.totals = {k: v for k, v in self.totals.items() if k <= epoch}
+
+
+def test_a_callable_sink_with_discard_after_holds_every_round_once_across_a_resume(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    sink = EpochTotals()
+    sink.totals[12] = -1  # left by an earlier run: a fresh start drops it
+
+    def run(rounds: int) -> itf.IterationResult:
+        return checkpointed_run(spark, tmp_path, rounds, "total", sink)
+
+    run(5).release()
+    assert sink.discarded == [-1]
+    # A crashed attempt that got further than the resumed run will go: nothing may keep it.
+    sink.totals[12] = -1
+    more = run(9)  # resumes after epoch 4
+    assert more.resumed_from == 4
+    assert sink.discarded == [-1, 4]
+    assert sink.totals == {k: sum(i * 3 + k + 1 for i in range(5)) for k in range(9)}
+    more.release()
+
+
+def test_a_callable_sinks_discard_after_must_take_an_epoch(spark: SparkSession) -> None:
+    class Mirrored(EpochTotals):
+        def discard_after(self, spark: SparkSession, epoch: int) -> None:  # type: ignore[override]
+            pass
+
+    iteration = itf.BoundedIteration(shift).bind("x", start(spark)).until(itf.max_rounds(1))
+    with pytest.raises(itf.IterflowError, match=r"sink\('total'.*discard_after\(epoch\)"):
+        iteration.sink("total", Mirrored())

@@ -8,11 +8,14 @@ import json
 import math
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import accumulate
 from pathlib import Path
 
 import pytest
 from child_jobs import job_command, kill_when, run_to_end
+from pyspark.sql import functions as F
 from test_unbounded import numbers_stream, running_sum, write_numbers
 
 import iterflow as itf
@@ -24,6 +27,7 @@ from iterflow.unbounded.rewind import rewind
 pytestmark = pytest.mark.spark
 
 JOB = Path(__file__).with_name("unbounded_kill_job.py")
+OFFSET_LOG_FORMAT = "spark.sql.streaming.offsetLog.formatVersion"
 FILES = [[100 * f + j for j in range(f % 3 + 1)] for f in range(16)]
 
 
@@ -133,12 +137,12 @@ def test_background_commits_at_a_short_interval_are_fewer_than_epochs(spark, tmp
     files = [[f, 10 * f] for f in range(12)]
     write_numbers(tmp_path / "in", files)
     written = written_commits(monkeypatch)
-    totals: list[int] = []
+    totals = EpochRows()
     query = (
         itf.UnboundedIteration(running_sum)
         .bind("total", spark.createDataFrame([(0,)], "total long"), state=True)
         .bind("numbers", numbers_stream(spark, tmp_path / "in"))
-        .sink("total", lambda df, epoch: totals.append(df.first()["total"]))
+        .sink("total", totals)
         .start(
             checkpoint_location=str(tmp_path / "ckpt"),
             available_now=True,
@@ -148,7 +152,7 @@ def test_background_commits_at_a_short_interval_are_fewer_than_epochs(spark, tmp
     )
     query.await_termination()
     epochs = [epoch for epoch, _ in written]
-    assert totals == list(accumulate(sum(f) for f in files))
+    assert totals.epochs == {e: [t] for e, t in enumerate(accumulate(sum(f) for f in files))}
     assert len(epochs) < len(files) and epochs == sorted(epochs)
     assert epochs[-1] == len(files) - 1  # the end of the inputs commits the last epoch
     assert query.status["committed_epoch"] == len(files) - 1
@@ -207,24 +211,29 @@ def test_sources_that_cannot_replay_are_refused_with_background_commits(spark, t
             iteration.start(checkpoint_location=str(tmp_path / "ckpt"), commit_interval_s=1)
 
 
+def delivered_batches(stream, location: Path) -> list[tuple[int, list[int]]]:
+    """Run ``stream`` (a column ``x``) available-now with its checkpoint at ``location``:
+    each micro-batch Spark delivered, with its values of ``x``."""
+    batches: list[tuple[int, list[int]]] = []
+    query = (
+        stream.writeStream.foreachBatch(
+            lambda df, b: batches.append((b, sorted(r["x"] for r in df.collect())))
+        )
+        .option("checkpointLocation", str(location))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    return batches
+
+
 def test_a_rewind_rebuilds_the_file_source_log_that_spark_compacted_and_cleaned(spark, tmp_path):
     files = [[f] for f in range(25)]
     write_numbers(tmp_path / "in", files)
     location = tmp_path / "stream"
 
     def delivered() -> list[tuple[int, list[int]]]:
-        batches: list[tuple[int, list[int]]] = []
-        query = (
-            numbers_stream(spark, tmp_path / "in")
-            .writeStream.foreachBatch(
-                lambda df, b: batches.append((b, sorted(r["x"] for r in df.collect())))
-            )
-            .option("checkpointLocation", str(location))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination()
-        return batches
+        return delivered_batches(numbers_stream(spark, tmp_path / "in"), location)
 
     assert delivered() == [(b, [b]) for b in range(25)]
     log = location / "sources" / "0"
@@ -237,3 +246,204 @@ def test_a_rewind_rebuilds_the_file_source_log_that_spark_compacted_and_cleaned(
     assert spark_committed(location) == 15
     assert delivered() == [(b, [b]) for b in range(16, 25)]
     assert not rewind(spark, str(location), 24)  # Spark is not ahead: nothing to do
+
+
+@contextmanager
+def offset_log_format(spark, version: str) -> Iterator[None]:
+    """Spark writes the offset logs of the streams started meanwhile in format ``version``."""
+    spark.conf.set(OFFSET_LOG_FORMAT, version)
+    try:
+        yield
+    finally:
+        spark.conf.unset(OFFSET_LOG_FORMAT)
+
+
+@itf.body
+def summing(total, numbers):
+    added = numbers.agg(F.coalesce(F.sum("x"), F.lit(0)).cast("long").alias("added"))
+    new_total = total.crossJoin(added).select((F.col("total") + F.col("added")).alias("total"))
+    return itf.Declaration(
+        feedback={"total": new_total}, outputs={"total": new_total, "numbers": numbers}
+    )
+
+
+@contextmanager
+def commits_crash_after_epoch_0(monkeypatch) -> Iterator[None]:
+    """Within: every commit of the epoch log after epoch 0 fails, as a crash before it was
+    written would leave it, and the query fails with it (Spark has committed its
+    micro-batches by then)."""
+    written = epoch_log.write
+
+    def crashing(loop, taken):
+        if taken.epoch > 0:
+            raise OSError("crashed")
+        written(loop, taken)
+
+    monkeypatch.setattr(epoch_log, "write", crashing)
+    with pytest.raises(OSError, match="crashed"):
+        yield
+    monkeypatch.setattr(epoch_log, "write", written)
+
+
+@pytest.mark.parametrize("version", [pytest.param("1", marks=pytest.mark.slow_spark), "2"])
+def test_a_restart_after_spark_ran_ahead_of_the_epoch_log_is_exactly_once(
+    spark, tmp_path, monkeypatch, version
+):
+    files = [[10 * f + j for j in range(f % 2 + 1)] for f in range(4)]
+    write_numbers(tmp_path / "in", files)
+    numbers = itf.FileSink(str(tmp_path / "numbers"))
+    ckpt = tmp_path / "ckpt"
+
+    def started() -> itf.UnboundedQuery:
+        return (
+            itf.UnboundedIteration(summing)
+            .bind("total", spark.createDataFrame([(0,)], "total long"), state=True)
+            .bind("numbers", numbers_stream(spark, tmp_path / "in"))
+            .sink("numbers", numbers)
+            .start(
+                checkpoint_location=str(ckpt),
+                available_now=True,
+                progress=False,
+                commit_interval_s=600,  # the first commit only, until the end
+            )
+        )
+
+    with offset_log_format(spark, version):
+        with commits_crash_after_epoch_0(monkeypatch):
+            started().await_termination(timeout=300)
+        offsets = (ckpt / "stream" / "offsets" / "0").read_text()
+        assert offsets.startswith(f"v{version}\n")
+        # Spark committed every micro-batch; the epoch log holds epoch 0 (micro-batch 0).
+        assert spark_committed(ckpt / "stream") == len(files) - 1
+        assert iterflow_committed(ckpt / "epochs") == 0
+        query = started()
+        query.await_termination(timeout=300)
+    assert query.resumed_from == 0
+    # Epoch e took file e, once: as an uninterrupted run (one file per micro-batch).
+    rows = numbers.read(spark).collect()
+    assert sorted((r["epoch"], r["x"]) for r in rows) == sorted(
+        (e, x) for e, f in enumerate(files) for x in f
+    )
+
+
+def test_an_offset_log_in_a_format_iterflow_cannot_read_is_refused_by_name(spark, tmp_path):
+    write_numbers(tmp_path / "in", [[f] for f in range(3)])
+    location = tmp_path / "stream"
+    (
+        numbers_stream(spark, tmp_path / "in")
+        .writeStream.foreachBatch(lambda df, b: None)
+        .option("checkpointLocation", str(location))
+        .trigger(availableNow=True)
+        .start()
+        .awaitTermination()
+    )
+    latest = location / "offsets" / "2"
+    latest.write_text("v9\n" + latest.read_text().split("\n", 1)[1])
+    (location / "offsets" / ".2.crc").unlink()
+    before = sorted(p.relative_to(location) for p in location.rglob("*"))
+    with pytest.raises(IterflowError, match=f"'v9'.*{OFFSET_LOG_FORMAT}"):
+        rewind(spark, str(location), 0)
+    assert sorted(p.relative_to(location) for p in location.rglob("*")) == before
+    iteration = (
+        itf.UnboundedIteration(running_sum)
+        .bind("total", spark.createDataFrame([(0,)], "total long"), state=True)
+        .bind("numbers", numbers_stream(spark, tmp_path / "in"))
+    )
+    (tmp_path / "ckpt").mkdir()
+    location.rename(tmp_path / "ckpt" / "stream")
+    with pytest.raises(IterflowError, match=f"'v9'.*{OFFSET_LOG_FORMAT}"):
+        iteration.start(checkpoint_location=str(tmp_path / "ckpt"), commit_interval_s=1)
+
+
+def test_a_rewind_puts_named_sources_back_by_their_ids_in_the_offset_map(spark, tmp_path):
+    # Named sources need the v2 offset log (an OffsetMap); their logs are sources/<name>/.
+    left, right = [[f] for f in range(4)], [[100 + f] for f in range(4)]
+    write_numbers(tmp_path / "left", left)
+    write_numbers(tmp_path / "right", right)
+    location = tmp_path / "stream"
+
+    def delivered() -> list[tuple[int, list[int]]]:
+        reader = spark.readStream.schema("x long").option("maxFilesPerTrigger", 1)
+        both = (
+            reader.name("right")
+            .json(str(tmp_path / "right"))
+            .unionByName(reader.name("left").json(str(tmp_path / "left")))
+        )
+        return delivered_batches(both, location)
+
+    evolution = "spark.sql.streaming.queryEvolution.enableSourceEvolution"
+    spark.conf.set(evolution, "true")
+    try:
+        with offset_log_format(spark, "2"):
+            assert delivered() == [(b, [b, 100 + b]) for b in range(4)]
+            assert sorted(os.listdir(location / "sources")) == ["left", "right"]
+            assert rewind(spark, str(location), 1)
+            assert spark_committed(location) == 1
+            assert delivered() == [(b, [b, 100 + b]) for b in range(2, 4)]
+    finally:
+        spark.conf.unset(evolution)
+
+
+class EpochRows:
+    """A callable sink that keeps each epoch's values (its output's first column), and
+    drops the epochs after one."""
+
+    def __init__(self) -> None:
+        self.epochs: dict[int, list[int]] = {}
+        self.discarded: list[int] = []
+
+    def __call__(self, df, epoch: int) -> None:
+        self.epochs[epoch] = sorted(r[0] for r in df.collect())
+
+    def discard_after(self, epoch: int) -> None:
+        self.discarded.append(epoch)
+        self.epochs = {e: rows for e, rows in self.epochs.items() if e <= epoch}
+
+
+def test_a_callable_sink_drops_what_a_crashed_attempt_wrote_past_the_restart(
+    spark, tmp_path, monkeypatch
+):
+    files = [[10 * f] for f in range(4)]
+    write_numbers(tmp_path / "in", files)
+    sink = EpochRows()
+
+    def started(files_per_trigger: int) -> itf.UnboundedQuery:
+        return (
+            itf.UnboundedIteration(summing)
+            .bind("total", spark.createDataFrame([(0,)], "total long"), state=True)
+            .bind("numbers", numbers_stream(spark, tmp_path / "in", files_per_trigger))
+            .sink("numbers", sink)
+            .start(
+                checkpoint_location=str(tmp_path / "ckpt"),
+                available_now=True,
+                progress=False,
+                commit_interval_s=600,
+            )
+        )
+
+    with commits_crash_after_epoch_0(monkeypatch):
+        started(1).await_termination(timeout=300)
+    assert sink.epochs == dict(enumerate(files))  # the epoch log holds epoch 0 only
+    # Spark plans the micro-batches after the commit afresh: here as one, so the restart
+    # runs one epoch where the crashed attempt ran three.
+    query = started(len(files))
+    query.await_termination(timeout=300)
+    assert query.resumed_from == 0
+    assert sink.discarded == [0]
+    assert sink.epochs == {0: [0], 1: [10, 20, 30]}
+
+
+def test_a_callable_sink_that_cannot_drop_epochs_is_refused_with_background_commits(
+    spark, tmp_path
+):
+    write_numbers(tmp_path / "in", [[1]])
+    iteration = (
+        itf.UnboundedIteration(summing)
+        .bind("total", spark.createDataFrame([(0,)], "total long"), state=True)
+        .bind("numbers", numbers_stream(spark, tmp_path / "in"))
+        .sink("total", itf.FileSink(str(tmp_path / "total")))
+        .sink("numbers", lambda df, epoch: None)
+    )
+    with pytest.raises(IterflowError, match=r"sink 'numbers' .*discard_after\(epoch\)"):
+        iteration.start(checkpoint_location=str(tmp_path / "ckpt"), commit_interval_s=5)
+    assert not (tmp_path / "ckpt").exists()  # refused before anything started

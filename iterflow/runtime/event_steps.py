@@ -4,7 +4,15 @@ A step keeps state from epoch to epoch (the rows of its open windows, the rows
 of each join side that may still match) and has its own input watermark, given
 by the loop (``iterflow.unbounded.event_time``) when the epoch starts: the
 minimum of the loop's input watermark and the output watermarks of the steps its
-rows come from (found in the DataFrame's plan). In the epoch, the step
+rows come from. Those are found by lineage, not by reading plan text: the leaves of
+a DataFrame's plan (a scan, local rows, a checkpoint, a micro-batch) say where its
+rows come from, and a step's rows come from a step before it when they share a leaf
+with that step's output. A checkpoint or a DataFrame rebuilt from collected rows
+(``localCheckpoint``, ``spark.createDataFrame(df.rdd, ...)``, ``toPandas`` and back)
+is a new leaf, which neither the epoch's inputs nor any step's output has: rows of
+unknown origin may come from any step before, so every one of them holds the step
+back (its watermark can only be lower than the exact one: later firings, never rows
+dropped as late that came in time). In the epoch, the step
 
 - drops the new rows that are too late (a window step: every window the row is
   assigned to has ended ``allowed_lateness`` before the watermark; a join step: the
@@ -22,9 +30,9 @@ Event times are handled in microseconds since the Unix epoch (``unix_micros``).
 
 from __future__ import annotations
 
-import itertools
+import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -40,7 +48,7 @@ from pyspark.sql.types import (
 )
 
 from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
-from iterflow.runtime.jvm import await_observations, logical_plan_text, release_local_checkpoint
+from iterflow.runtime.jvm import await_observations, plan_leaves, release_local_checkpoint
 from iterflow.runtime.materialize import Materialized, observe_rows, observed_metrics
 from iterflow.runtime.materialize import unique_observation as _observation
 from iterflow.runtime.schema import quoted, quoted_name
@@ -72,7 +80,8 @@ WINDOW, PANE_OUT = "window", "pane"
 WINDOW_END = "window.end"
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_markers = itertools.count()
+
+log = logging.getLogger("iterflow.unbounded")
 
 
 @attrs.frozen(kw_only=True)
@@ -108,7 +117,7 @@ class _Step:
     spec: str
     upstream: tuple[str, ...]
     input_watermark: int
-    marker: str
+    output: DataFrame  # what the step returned: its leaves tell later steps they read it
     states: dict[str, DataFrame]  # part -> new state, to materialize
     state_metrics: dict[str, list[Column]]
     late: DataFrame
@@ -120,7 +129,9 @@ class EpochSteps:
 
     ``event_columns`` maps each input bound with ``event_time=`` to its column;
     ``loop_watermark`` is the loop's input watermark for this epoch; ``previous`` what
-    each step left after the previous epoch; ``reserved`` names no step may take.
+    each step left after the previous epoch; ``reserved`` names no step may take;
+    ``inputs`` are the DataFrames the body gets this epoch; ``told`` the steps already
+    logged as reading rows of unknown origin in this run.
     """
 
     def __init__(
@@ -132,6 +143,8 @@ class EpochSteps:
         previous: Mapping[str, PreviousStep],
         reserved: Sequence[str],
         cache: Any,
+        inputs: Iterable[DataFrame] = (),
+        told: set[str] | None = None,
     ) -> None:
         self.epoch = epoch
         self.event_columns = dict(event_columns)
@@ -141,6 +154,9 @@ class EpochSteps:
         self._cache = cache  # (df) -> df persisted until the end of the epoch
         self._checkpoints: list[DataFrame] = []
         self.steps: dict[str, _Step] = {}
+        self._inputs = list(inputs)
+        self._leaves: dict[str, frozenset[int]] = {}  # "" the inputs', else a step's output's
+        self._told = set() if told is None else told
 
     # -- building ----------------------------------------------------------------------
 
@@ -212,13 +228,8 @@ class EpochSteps:
                 fires.alias(FIRES),
             )
         )
-        marker = self._marker()
-        output = (
-            flagged.where(F.col(FIRES))
-            .select(
-                *map(quoted, columns), _window_struct().alias(WINDOW), F.col(PANE).alias(PANE_OUT)
-            )
-            .alias(marker)
+        output = flagged.where(F.col(FIRES)).select(
+            *map(quoted, columns), _window_struct().alias(WINDOW), F.col(PANE).alias(PANE_OUT)
         )
         keep = F.col(WE) + F.lit(lateness) > F.lit(watermark)
         new_state = flagged.where(keep).select(
@@ -236,7 +247,7 @@ class EpochSteps:
             spec=spec,
             upstream=upstream,
             input_watermark=watermark,
-            marker=marker,
+            output=output,
             states={"state": new_state},
             state_metrics={
                 "state": [
@@ -344,8 +355,7 @@ class EpochSteps:
         selected += [
             F.col(renamed[c]).alias(c) for c in right_cols if not (shared_time and c == right_event)
         ]
-        marker = self._marker()
-        output = joined.select(*selected).alias(marker)
+        output = joined.select(*selected)
         states = {}
         for part, rows in sides.items():
             kept = (
@@ -361,7 +371,7 @@ class EpochSteps:
             spec=spec,
             upstream=upstream,
             input_watermark=watermark,
-            marker=marker,
+            output=output,
             states=states,
             state_metrics={part: [F.min(TS).alias("hold")] for part in states},
             late=late.select(SIDE, *[c for c in late.columns if c != SIDE]).withColumnRenamed(
@@ -490,12 +500,7 @@ class EpochSteps:
                 f"{spec!r}); its state holds rows of the old one. Keep a step's settings, "
                 "or give the new one another name"
             )
-        texts = [logical_plan_text(frame) or "" for frame in (df, *more)]
-        upstream = tuple(
-            name
-            for name, s in self.steps.items()
-            if any(re.search(rf"\b{s.marker}\b", text) for text in texts)
-        )
+        upstream = self._upstream(step, (df, *more))
         watermark = self.loop_watermark
         for name in upstream:
             before = self.previous.get(name)
@@ -503,6 +508,47 @@ class EpochSteps:
         if previous is not None:
             watermark = max(watermark, previous.input_watermark)  # never goes back
         return watermark, upstream
+
+    def _upstream(self, step: str, frames: Sequence[DataFrame]) -> tuple[str, ...]:
+        """The steps before ``step`` in this epoch whose output ``frames`` read: those they
+        share a leaf with, or all of them when a leaf is of unknown origin."""
+        if not self.steps:
+            return ()
+        leaves: set[int] = set()
+        for frame in frames:
+            found = plan_leaves(frame)
+            if found is None:  # no plan to follow (not on a classic session): assume any
+                return tuple(self.steps)
+            leaves |= found
+        upstream = tuple(name for name in self.steps if self._leaves_of(name) & leaves)
+        known = set(self._leaves_of(""))
+        for name in self.steps:
+            known |= self._leaves_of(name)
+        if leaves <= known:
+            return upstream
+        if step not in self._told:
+            self._told.add(step)
+            log.info(
+                "epoch %d: step '%s' reads rows that come from neither the epoch's inputs "
+                "nor a step's output as returned (a checkpoint, a DataFrame rebuilt from "
+                "collected rows, or one made in the body), so every step before it holds "
+                "its watermark: %s. Its windows may fire later than they would otherwise; "
+                "bind a table made outside the body as a data input to avoid it",
+                self.epoch,
+                step,
+                list(self.steps),
+            )
+        return tuple(self.steps)
+
+    def _leaves_of(self, name: str) -> frozenset[int]:
+        """The leaves of step ``name``'s output, or of the epoch's inputs for ``""``."""
+        if name not in self._leaves:
+            frames = self._inputs if name == "" else [self.steps[name].output]
+            found: set[int] = set()
+            for frame in frames:
+                found |= plan_leaves(frame) or frozenset()
+            self._leaves[name] = frozenset(found)
+        return self._leaves[name]
 
     def _state(self, step: str, part: str, fresh: DataFrame, where: str) -> DataFrame | None:
         previous = self.previous.get(step)
@@ -536,9 +582,6 @@ class EpochSteps:
         for checkpoint in self._checkpoints:
             release_local_checkpoint(checkpoint)
         self._checkpoints = []
-
-    def _marker(self) -> str:
-        return f"iterflow_step_{next(_markers)}"
 
 
 def _columns(value: str | Sequence[str] | None, what: str) -> list[str]:

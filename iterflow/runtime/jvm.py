@@ -346,13 +346,16 @@ def semantic_hash(df: DataFrame) -> int | None:
     return int(jdf.queryExecution().analyzed().semanticHash())
 
 
-def logical_plan_text(df: DataFrame) -> str | None:
-    """The text of ``df``'s logical plan as built (subquery aliases included); None where
-    the plan cannot be reached (a Spark Connect DataFrame)."""
+def plan_leaves(df: DataFrame) -> frozenset[int] | None:
+    """Where the rows of ``df`` come from: the semantic hash of each leaf of its analyzed
+    plan (a scan, local rows, a checkpoint, a micro-batch...), equal for the same leaf
+    in every DataFrame built on it; None where the plan cannot be reached (a Spark
+    Connect DataFrame)."""
     jdf = getattr(df, "_jdf", None)
     if jdf is None:
         return None
-    return str(jdf.queryExecution().logical().toString())
+    leaves = jdf.queryExecution().analyzed().collectLeaves()
+    return frozenset(int(leaves.apply(k).semanticHash()) for k in range(leaves.size()))
 
 
 #: Physical operators that may run Spark jobs before the plan's own tasks do (a shuffle,

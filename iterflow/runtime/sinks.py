@@ -15,14 +15,22 @@ a crash it is called again with the same epoch and rows, so it must be
 idempotent per epoch (e.g. a MERGE keyed by epoch, or an overwrite of the
 epoch's partition).
 
-Where a run starts decides what a ``FileSink`` keeps: a bounded run that starts
-fresh deletes every ``epoch=<n>`` directory under its path, and one that resumes
-from a checkpoint (or rolls back to one) deletes the epochs after it, which run
-again; an unbounded query drops the epochs after its last commit.
+Where a run starts decides what a sink keeps: a bounded run that starts fresh
+drops every epoch (``discard_after(-1)``), and one that resumes from a checkpoint
+(or rolls back to one) drops the epochs after it, which run again; an unbounded
+query drops the epochs after its last commit. A ``FileSink`` deletes their
+``epoch=<n>`` directories. A callable sink is told through its own
+``discard_after(epoch)`` method when it has one (an object with ``__call__(df,
+epoch)`` and ``discard_after(epoch)``). Only an unbounded query that commits off
+the loop's path needs it: after a rewind, Spark plans the micro-batches after the
+last commit afresh, so the epochs after it may hold other rows, or fewer epochs
+may run, and a sink that kept the crashed attempt's epochs would hold them twice
+or hold epochs that no longer exist (``check_discarding``).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -34,6 +42,8 @@ from iterflow.runtime.files import files_for
 
 FORMATS = ("parquet", "json", "csv", "orc")
 EPOCH_COLUMN = "epoch"
+#: The method of a callable sink that drops what it holds of the epochs after one.
+DISCARD_HOOK = "discard_after"
 
 
 class Sink(Protocol):
@@ -99,23 +109,70 @@ class FileSink:
 
 @attrs.frozen
 class CallableSink:
-    """A user function ``(df, epoch) -> None``; it must be idempotent per epoch."""
+    """A user function ``(df, epoch) -> None`` for output ``name``; it must be idempotent
+    per epoch. Its ``discard_after(epoch)`` method, if it has one, drops what the function
+    holds of the epochs after ``epoch``."""
 
+    name: str
     fn: Callable[[DataFrame, int], Any]
+
+    @property
+    def discards(self) -> bool:
+        """The function has a ``discard_after(epoch)`` method."""
+        return callable(getattr(self.fn, DISCARD_HOOK, None))
 
     def write(self, df: DataFrame, epoch: int, rows: int) -> None:
         self.fn(df, epoch)
 
     def discard_after(self, spark: SparkSession, epoch: int) -> None:
-        """Nothing to do: a callable sink is called again for every epoch that runs again."""
+        """The function's own ``discard_after(epoch)``; without one, nothing: it is called
+        again for every epoch that runs again (``check_discarding`` refuses it where
+        that is not enough)."""
+        if self.discards:
+            getattr(self.fn, DISCARD_HOOK)(epoch)
 
 
 def sink_of(name: str, target: Any) -> Sink:
     if isinstance(target, FileSink):
         return target
     if callable(target):
-        return CallableSink(target)
+        hook = getattr(target, DISCARD_HOOK, None)
+        if hook is not None and not _takes_an_epoch(hook):
+            raise IterflowTypeError(
+                f"sink('{name}', ...): the sink's {DISCARD_HOOK} must be a method "
+                f"{DISCARD_HOOK}(epoch) -> None, called with the last epoch whose writes stay "
+                "(it drops the epochs after it); give it that signature, or rename it"
+            )
+        return CallableSink(name, target)
     raise IterflowTypeError(
         f"sink('{name}', ...) takes itf.FileSink(path, format=...) or a function "
         f"(df, epoch) -> None, got {type(target).__name__}"
     )
+
+
+def _takes_an_epoch(hook: Any) -> bool:
+    if not callable(hook):
+        return False
+    try:
+        inspect.signature(hook).bind(0)
+    except TypeError:
+        return False
+    except ValueError:
+        return True  # no signature to read (a builtin): trust it
+    return True
+
+
+def check_discarding(sinks: Mapping[str, Sink], option: str) -> None:
+    """Every sink can drop the epochs after the last commit, as ``option`` needs: a
+    callable sink must have a ``discard_after(epoch)`` method."""
+    for name, sink in sinks.items():
+        if isinstance(sink, CallableSink) and not sink.discards:
+            raise IterflowValueError(
+                f"{option}: sink '{name}' is a function without a {DISCARD_HOOK}(epoch) "
+                "method. After a crash the epochs since the last commit run again on the "
+                "micro-batches Spark plans afresh, possibly with other rows or as fewer "
+                "epochs, and the function would keep what the crashed attempt gave it. "
+                f"Give it a {DISCARD_HOOK}(epoch) method that drops what it holds of the "
+                "epochs after that epoch (an object with __call__(df, epoch) and "
+                f"{DISCARD_HOOK}(epoch)), use itf.FileSink, or use commit_interval_s=None"
+            )

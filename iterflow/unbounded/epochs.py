@@ -277,7 +277,9 @@ class EpochLoop:
                     inputs[name] = self.pending.get(name, self.inputs[name])
             feedback_in = dict(self.cycle.variables.rows)
             events = (
-                timing.begin(epoch, partial(self.cycle.caches.cache, lifecycle="round"))
+                timing.begin(
+                    epoch, partial(self.cycle.caches.cache, lifecycle="round"), inputs.values()
+                )
                 if timing is not None
                 else None
             )

@@ -2,10 +2,17 @@
 
 An input bound with ``event_time="ts", max_delay=d`` has a watermark: the latest
 event time seen in it, less ``d`` (-inf before its first row, +inf once the
-inputs have ended). The loop's **input watermark** for an epoch is the least of
-those and of the earliest event time among the work feedback entering the epoch
-(fed-back rows keep their event time, so the loop must stay behind the oldest one
-in flight); it never goes back.
+inputs have ended). The inputs' watermarks combine as Structured Streaming's
+``WatermarkTracker`` combines those of a query's sources, under its setting
+``spark.sql.streaming.multipleWatermarkPolicy``: ``min`` (the default) takes the
+least, so an input that has seen no row yet (Spark counts it at its initial
+watermark) holds the others back; ``max`` takes the greatest, so inputs without
+rows do not count while any input has some. The loop's **input watermark** for an
+epoch is that, or the earliest event time among the work feedback entering the
+epoch if it is earlier (fed-back rows keep their event time, so the loop must stay
+behind the oldest one in flight, under either policy); it never goes back. A
+commit keeps the policy, and a restart goes on with it (as a Spark checkpoint
+keeps its own).
 
 Each ``ctx.window``/``ctx.join`` step (``iterflow.runtime.event_steps``) has an
 input watermark for the epoch: the least of the loop's and the output watermarks
@@ -33,7 +40,8 @@ micro-batch), so chained steps fire within the micro-batch that made them due.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -49,6 +57,23 @@ from iterflow.windows import MAX_US, MIN_US, to_datetime
 
 #: Metric names riding on the epoch's jobs.
 MAX_EVENT, MIN_EVENT = "max_event_us", "min_event_us"
+#: Structured Streaming's setting for how the watermarks of several inputs combine.
+WATERMARK_POLICY_CONF = "spark.sql.streaming.multipleWatermarkPolicy"
+POLICIES = ("min", "max")
+
+log = logging.getLogger("iterflow.unbounded")
+
+
+def watermark_policy(setting: str | None) -> str:
+    """``spark.sql.streaming.multipleWatermarkPolicy`` checked: "min" (unset) or "max"."""
+    policy = "min" if setting is None else setting.strip().lower()
+    if policy not in POLICIES:
+        raise IterflowValueError(
+            f"{WATERMARK_POLICY_CONF}={setting!r}: the watermarks of several event-time "
+            "inputs combine by 'min' (the default: the slowest input holds the loop back) "
+            "or 'max' (the fastest drives it); set one of them"
+        )
+    return policy
 
 
 @attrs.define(kw_only=True)
@@ -80,12 +105,20 @@ class EventTime:
     ``sources`` maps each streaming input bound with ``event_time=`` to its column and
     maximum delay (microseconds); ``columns`` maps every input bound with
     ``event_time=`` (streaming or a variable whose feedback keeps its event time) to
-    its column.
+    its column. ``policy`` combines the inputs' watermarks ("min" or "max").
     """
 
-    def __init__(self, sources: Mapping[str, tuple[str, int]], columns: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        sources: Mapping[str, tuple[str, int]],
+        columns: Mapping[str, str],
+        policy: str = "min",
+    ) -> None:
         self.sources = dict(sources)
         self.columns = dict(columns)
+        self.policy = policy
+        self.told_idle: set[str] = set()  # inputs logged as holding the loop back
+        self.told_unknown: set[str] = set()  # steps logged as reading rows of unknown origin
         self.max_seen: dict[str, int] = {}
         self.ended = False
         self.feedback_min: dict[str, int] = {}
@@ -107,7 +140,23 @@ class EventTime:
         marks = [self.source_watermark(name) for name in self.sources]
         if not marks:  # no input has event time: nothing advances it but the end
             marks = [MAX_US if self.ended else MIN_US]
-        return min([*marks, *self.feedback_min.values()])
+        combined = max(marks) if self.policy == "max" else min(marks)
+        return min([combined, *self.feedback_min.values()])
+
+    def _tell_idle(self) -> None:
+        """Log once per input that one without rows holds the loop back under "min"."""
+        if self.policy != "min" or self.ended or not self.max_seen:
+            return
+        for name in sorted(set(self.sources) - set(self.max_seen) - self.told_idle):
+            self.told_idle.add(name)
+            log.warning(
+                "event-time input '%s' has seen no row yet, so it holds the loop's "
+                "watermark (and every window) back, as an input without data does in "
+                "Structured Streaming under %s=min; set it to max to let the inputs with "
+                "rows drive the watermark",
+                name,
+                WATERMARK_POLICY_CONF,
+            )
 
     def _next_input(self, marks: StepMarks, loop_input: int) -> int:
         upstream = [self.steps[u].output_watermark for u in marks.upstream if u in self.steps]
@@ -127,8 +176,14 @@ class EventTime:
 
     # -- an epoch ------------------------------------------------------------------------
 
-    def begin(self, epoch: int, cache: Callable[[DataFrame], DataFrame]) -> EpochSteps:
-        """The event-time steps of epoch ``epoch``, with this epoch's watermarks."""
+    def begin(
+        self,
+        epoch: int,
+        cache: Callable[[DataFrame], DataFrame],
+        inputs: Iterable[DataFrame] = (),
+    ) -> EpochSteps:
+        """The event-time steps of epoch ``epoch``, with this epoch's watermarks; ``inputs``
+        are the DataFrames the body gets."""
         self.loop_input = max(self.loop_input, self._input_now())
         previous = {
             name: PreviousStep(
@@ -147,6 +202,8 @@ class EventTime:
             previous=previous,
             reserved=[*self.columns, "loop"],
             cache=cache,
+            inputs=inputs,
+            told=self.told_unknown,
         )
 
     def input_metrics(self, name: str) -> list[Column]:
@@ -192,6 +249,7 @@ class EventTime:
                 "one; its state would be lost. Call every ctx.window/ctx.join in every "
                 "epoch (on an empty DataFrame if need be)"
             )
+        self._tell_idle()
         outcomes = steps.outcomes(done)
         steps.release()
         loop_input = max(self.loop_input, self._input_now())
@@ -232,6 +290,7 @@ class EventTime:
     def snapshot(self) -> dict[str, Any]:
         """What a commit keeps of the watermarks (the steps' state rows go separately)."""
         return {
+            "policy": self.policy,
             "max_seen": dict(self.max_seen),
             "feedback_min": dict(self.feedback_min),
             "loop_input": self.loop_input,
@@ -248,6 +307,18 @@ class EventTime:
         }
 
     def restore(self, snapshot: Mapping[str, Any], frames: Mapping[str, DataFrame]) -> None:
+        committed = snapshot.get("policy", "min")  # commits before it was kept: the default
+        if committed != self.policy:
+            log.warning(
+                "%s is '%s', but the commit this restart continues from combined the "
+                "inputs' watermarks by '%s'; it goes on with '%s' (as a Spark checkpoint "
+                "keeps its own); start at a new checkpoint_location to change it",
+                WATERMARK_POLICY_CONF,
+                self.policy,
+                committed,
+                committed,
+            )
+            self.policy = committed
         self.max_seen = dict(snapshot["max_seen"])
         self.feedback_min = dict(snapshot["feedback_min"])
         self.loop_input = int(snapshot["loop_input"])

@@ -24,12 +24,13 @@ from iterflow.runtime.driver_variables import driver_rows
 from iterflow.runtime.files import files_for
 from iterflow.runtime.jvm import is_classic
 from iterflow.runtime.schema import describe_inputs
+from iterflow.runtime.sinks import Sink, check_discarding
 from iterflow.unbounded.committer import RETAINED_BATCHES_CONF
 from iterflow.unbounded.epochs import EpochLoop, EpochOptions
-from iterflow.unbounded.event_time import EventTime
+from iterflow.unbounded.event_time import WATERMARK_POLICY_CONF, EventTime, watermark_policy
 from iterflow.unbounded.inputs import combined
 from iterflow.unbounded.query import UnboundedQuery
-from iterflow.unbounded.rewind import check_replayable, rewind
+from iterflow.unbounded.rewind import check_offset_log, check_replayable, rewind
 from iterflow.windows import duration_us
 
 #: Under ``checkpoint_location``: Spark's own streaming checkpoint, and iterflow's epoch log.
@@ -129,8 +130,9 @@ class UnboundedIteration(IterationBuilder):
         ``commit_interval_s=None`` commits every micro-batch before Spark does. A number
         of seconds writes commits in the background instead, at most that often, so
         epochs do not wait for them; after a crash the epochs since the last commit run
-        again (file sinks still hold every row once; callable sinks are called again).
-        It needs sources that replay (files, Kafka, rate). See docs/unbounded.md,
+        again (file sinks still hold every row once; a callable sink needs a
+        ``discard_after(epoch)`` method to, and is refused without one). It needs
+        sources that replay (files, Kafka, rate). See docs/unbounded.md,
         "Commits that do not stall the loop"::
 
             .start(checkpoint_location=ckpt, commit_interval_s=5)
@@ -158,10 +160,10 @@ class UnboundedIteration(IterationBuilder):
             ),
         )
         streams = self._streams(active, inputs)
-        if interval is not None:
-            check_replayable({name: inputs[name] for name in streams})
-        state_names = frozenset(name for name, b in self._bindings.items() if b.state)
         location = os.fspath(checkpoint_location).rstrip("/")  # type: ignore[arg-type]
+        if interval is not None:
+            _check_replays(active, {n: inputs[n] for n in streams}, self._sinks_by_output, location)
+        state_names = frozenset(name for name, b in self._bindings.items() if b.state)
         checkpointing, observers = self._assemble(
             active,
             described_inputs={
@@ -191,6 +193,7 @@ class UnboundedIteration(IterationBuilder):
             EventTime(
                 sources={n: t for n, t in self._event_times.items() if n in streams},
                 columns={n: column for n, (column, _) in self._event_times.items()},
+                policy=watermark_policy(active.conf.get(WATERMARK_POLICY_CONF, None)),
             )
             if self._event_times
             else None
@@ -323,6 +326,17 @@ def _check_start(
         raise IterflowValueError(
             f"start(available_now=True, processing_time='{processing_time}'): choose one trigger"
         )
+
+
+def _check_replays(
+    spark: SparkSession, streams: Mapping[str, DataFrame], sinks: Mapping[str, Sink], location: str
+) -> None:
+    """``start(commit_interval_s=...)`` replays the epochs after the last commit on a restart:
+    the sources must read them again, the offset log must be one a rewind reads, and the
+    sinks must drop what a crashed attempt wrote."""
+    check_replayable(dict(streams))
+    check_offset_log(spark, f"{location}/{STREAM_DIR}")
+    check_discarding(sinks, "start(commit_interval_s=...)")
 
 
 def _commit_interval(value: object) -> float | None:

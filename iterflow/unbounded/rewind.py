@@ -8,9 +8,15 @@ checkpoint may be ahead of the last commit, and Spark would not deliver the
 micro-batches in between again. Before the stream starts, its checkpoint is put back
 to the micro-batch of the last commit (``StreamPosition.batch_id``, K):
 
-- a file source's metadata log (``sources/<i>/``: the files it took, one entry per
+- a file source's metadata log (``sources/<id>/``: the files it took, one entry per
   log offset) loses the entries after the log offset that ``offsets/K`` recorded for
-  it. Spark compacts that log every ``spark.sql.streaming.fileSource.log.compactInterval``
+  it. Spark writes ``offsets/<b>`` in one of two formats, named by its first line
+  (``spark.sql.streaming.offsetLog.formatVersion``): ``v1`` lists one offset per line
+  in the order of the sources, whose ids are their positions; ``v2`` (an
+  ``OffsetMap``) writes ``<id>:<offset>`` per line, the id being the source's position
+  or, with named sources, its name. Either way ``sources/<id>/`` is its log. Any other
+  format is refused: iterflow cannot tell which offset belongs to which log. Spark
+  compacts that log every ``spark.sql.streaming.fileSource.log.compactInterval``
   entries into ``<n>.compact`` (all entries up to n) and may delete the entries it
   compacted; a compaction after the log offset is replaced by the files Spark reads at
   that offset (the compaction before it and the entries since), rebuilt from the
@@ -40,6 +46,12 @@ from iterflow.unbounded.source_log import is_compaction, log_entries, log_files
 REPLAYABLE = ("kafka", "rate", "rate-micro-batch")
 FILE_SOURCE = "FileSource["
 COMPACT_INTERVAL_CONF = "spark.sql.streaming.fileSource.log.compactInterval"
+#: Spark's setting for the format of its offset log (``offsets/<batch>``).
+OFFSET_LOG_FORMAT_CONF = "spark.sql.streaming.offsetLog.formatVersion"
+#: The offset log formats iterflow reads (``_source_offsets``).
+OFFSET_LOG_FORMATS = ("1", "2")
+#: The offset of a source that had none at a micro-batch, in either format.
+NO_OFFSET = "-"
 
 
 class UnreplayableStreamError(IterflowError):
@@ -91,15 +103,16 @@ def rewind(spark: SparkSession, stream_dir: str, batch_id: int) -> bool:
             "micro-batches), so the micro-batches after it cannot be read again. Delete "
             "the whole location to start over"
         )
-    latest = _offset_lines(files, f"{root}/offsets/{max(offsets)}") if offsets else []
-    at = _offset_lines(files, f"{root}/offsets/{batch_id}") if batch_id >= 0 else []
+    # Both read before anything changes: a format iterflow cannot read changes nothing.
+    latest = _source_offsets(files, f"{root}/offsets/{max(offsets)}") if offsets else {}
+    at = _source_offsets(files, f"{root}/offsets/{batch_id}") if batch_id >= 0 else {}
     interval = int(spark.conf.get(COMPACT_INTERVAL_CONF, "10") or 10)
-    for index, line in enumerate(latest):
-        if _log_offset(line) is None:
+    for source, recorded in latest.items():
+        if _log_offset(recorded) is None:
             continue  # not a file source: its own files under sources/ stay
-        offset = _log_offset(at[index]) if index < len(at) else None
+        offset = _log_offset(at.get(source, NO_OFFSET))
         _rewind_file_log(
-            files, f"{root}/sources/{index}", -1 if offset is None else offset, interval
+            files, f"{root}/sources/{source}", -1 if offset is None else offset, interval
         )
     for log in ("offsets", "commits"):
         for batch in sorted(_logged(files, f"{root}/{log}")):
@@ -112,10 +125,49 @@ def _logged(files: Files, directory: str) -> list[int]:
     return [int(name) for name in files.children(directory) if name.isdigit()]
 
 
-def _offset_lines(files: Files, path: str) -> list[str]:
-    """The offset of each source (one line each, ``-`` for none) in an ``offsets/`` entry,
-    after its version and metadata lines."""
-    return files.read_bytes(path).decode("utf-8").splitlines()[2:]
+def check_offset_log(spark: SparkSession, stream_dir: str) -> None:
+    """``start(commit_interval_s=...)``: the offset log of the streaming checkpoint
+    ``stream_dir`` is in a format a rewind can read, as is the one Spark is set to write;
+    refused at start rather than at the restart after a crash."""
+    setting = spark.conf.get(OFFSET_LOG_FORMAT_CONF, None)
+    if setting is not None and setting.strip() not in OFFSET_LOG_FORMATS:
+        raise UnreplayableStreamError(_unknown_format(f"v{setting.strip()}", "the session"))
+    files, root = files_for(spark, stream_dir)
+    offsets = _logged(files, f"{root}/offsets")
+    if offsets:
+        _source_offsets(files, f"{root}/offsets/{max(offsets)}")
+
+
+def _source_offsets(files: Files, path: str) -> dict[str, str]:
+    """Source id (its directory under ``sources/``) -> its offset (``-`` for none) in the
+    ``offsets/`` entry ``path``, in the format its first line names."""
+    lines = files.read_bytes(path).decode("utf-8").splitlines()
+    version = lines[0].strip() if lines else ""
+    recorded = lines[2:]  # after the version and the metadata lines
+    if version == "v1":
+        return {str(index): line for index, line in enumerate(recorded)}
+    if version != "v2":
+        raise UnreplayableStreamError(_unknown_format(version, f"'{path}'"))
+    offsets: dict[str, str] = {}
+    for line in recorded:
+        source, colon, offset = line.partition(":")
+        if not colon or not source or "/" in source or source in (".", ".."):
+            raise UnreplayableStreamError(
+                f"the offset log entry '{path}' (format v2) has the line {line!r}, not "
+                "'<source id>:<offset>'; it cannot be put back. Delete the whole checkpoint "
+                "location to start over, or use commit_interval_s=None"
+            )
+        offsets[source] = offset
+    return offsets
+
+
+def _unknown_format(version: str, where: str) -> str:
+    return (
+        f"start(commit_interval_s=...): {where} uses Spark's offset log format {version!r}, "
+        f"which iterflow cannot read to put the stream back to its last commit (it reads "
+        f"{', '.join('v' + v for v in OFFSET_LOG_FORMATS)}). Set {OFFSET_LOG_FORMAT_CONF} "
+        "to 1 or 2 for a new checkpoint location, or use commit_interval_s=None"
+    )
 
 
 def _log_offset(line: str) -> int | None:

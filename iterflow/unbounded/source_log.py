@@ -1,4 +1,4 @@
-"""A file source's metadata log under a stream's checkpoint (``sources/<index>/``).
+"""A file source's metadata log under a stream's checkpoint (``sources/<id>/``).
 
 One file per log offset, named by it: a version line, then a JSON line per file the
 source took (``path``, ``timestamp``, ``batchId``: the log offset). Every few
