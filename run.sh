@@ -17,7 +17,7 @@ python=${PYTHON:-python3}
 oldest_pyspark=4.0.0
 oldest_tests=(tests/test_bounded_semantics.py tests/test_termination.py tests/test_lineage.py
   tests/test_errors.py tests/test_pagerank.py tests/test_checkpoints.py tests/test_columnar.py
-  tests/test_connect.py tests/test_ml_kmeans.py tests/test_resident.py tests/test_event_time.py
+  tests/test_connect.py tests/test_ml_kmeans.py tests/test_resident.py
   # the whole semantics suite again on Spark Connect runs on the newest PySpark only
   --deselect tests/test_connect.py::test_the_core_semantics_tests_pass_on_a_connect_session)
 

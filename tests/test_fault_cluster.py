@@ -32,7 +32,9 @@ from test_unbounded import write_numbers
 from iterflow.progress.events import read_events
 from iterflow.progress.report import format_report
 
-pytestmark = [pytest.mark.spark, pytest.mark.cluster]
+# Starts a local cluster of its own: with the cluster tier (`bash run.sh test --cluster`) and
+# the slow tests; CI keeps test_cluster_resident.py and the secured standalone job.
+pytestmark = [pytest.mark.spark, pytest.mark.slow_spark, pytest.mark.cluster]
 
 CLUSTER = "local-cluster[2,1,1024]"
 BOUNDED_JOB = Path(__file__).with_name("fault_cluster_job.py")

@@ -12,7 +12,7 @@ from ml_cluster_job import data
 from test_ml_kmeans import numpy_lloyd
 
 # Each starts a local cluster of its own: with the slow tests (`bash run.sh test --slow`);
-# CI keeps test_fault_cluster.py.
+# CI keeps test_cluster_resident.py and the secured standalone job of test_cluster_standalone.py.
 pytestmark = [pytest.mark.spark, pytest.mark.slow_spark, pytest.mark.cluster]
 
 JOB = Path(__file__).with_name("ml_cluster_job.py")

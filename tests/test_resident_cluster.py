@@ -12,7 +12,7 @@ import pytest
 from child_jobs import run_job
 
 # Starts a local cluster of its own: with the slow tests (`bash run.sh test --slow`);
-# CI keeps test_fault_cluster.py.
+# CI keeps test_cluster_resident.py and the secured standalone job of test_cluster_standalone.py.
 pytestmark = [pytest.mark.spark, pytest.mark.slow_spark, pytest.mark.cluster]
 
 JOB = Path(__file__).with_name("resident_cluster_job.py")
