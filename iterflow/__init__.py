@@ -17,7 +17,13 @@ termination conditions::
 from iterflow import metrics
 from iterflow.body import Declaration, IterationBody, RoundContext, body
 from iterflow.bounded import BoundedIteration, IterationResult
-from iterflow.errors import DivergenceError, IterflowError, IterflowWarning, RoundError
+from iterflow.errors import (
+    DivergenceError,
+    IterflowError,
+    IterflowWarning,
+    RoundError,
+    worker_errors,
+)
 from iterflow.progress import IterationEnd, RoundEnd, RoundListener, RoundProgress, RoundSample
 from iterflow.records import Rollback, Termination
 from iterflow.runtime.combine import CombineFn, combine
@@ -67,4 +73,5 @@ __all__ = [
     "until",
     "vector",
     "vector_cell",
+    "worker_errors",
 ]

@@ -70,9 +70,7 @@ def _session(args: argparse.Namespace) -> Any:
                 f"--remote needs Spark Connect's client libraries ({error}): "
                 "pip install iterflow[connect]"
             ) from None
-    from iterflow.runtime.session import embedded_session
-
-    spark = embedded_session(args.master) if args.master else itf.session()
+    spark = itf.session(args.master)
     _quiet(spark)
     return spark
 
@@ -80,11 +78,11 @@ def _session(args: argparse.Namespace) -> Any:
 def _quiet(spark: Any) -> None:
     """Keep the command's own lines readable: Spark logs errors only (classic sessions;
     a Spark Connect server keeps its own log level)."""
-    from iterflow.runtime.jvm import spark_context
-
-    context = spark_context(spark)
-    if context is not None:
-        context.setLogLevel("ERROR")
+    try:
+        context = spark.sparkContext
+    except Exception:  # a Spark Connect session has no SparkContext
+        return
+    context.setLogLevel("ERROR")
 
 
 def _where(spark: Any) -> str:
@@ -276,13 +274,9 @@ def run_converge(args: argparse.Namespace) -> int:
         for case in cases:
             print(f"{case.name}: {case.description}" if case.description else case.name)
         return 0
-    from pyspark.sql import SparkSession
-
-    from iterflow.runtime.session import embedded_session
-
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Inside a process that has a session already (a test), use it as it is.
-    spark = SparkSession.getActiveSession() or embedded_session(
+    spark = itf.session(
         args.master,
         app_name="iterflow-converge",
         conf={"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"},

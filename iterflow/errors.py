@@ -83,11 +83,18 @@ class RoundError(IterflowError):
 
 
 @contextlib.contextmanager
-def raised_again(kind: type[IterflowError]) -> Iterator[None]:
-    """Re-raise as ``kind`` an error of that kind that was raised where the rows are read
-    (a Python worker, a CombineFn) and reached the driver wrapped in an ``IterflowError``
-    (a ``RoundError`` around Spark's error): its message, which names the input and
-    column, stays; the wrapper is chained as ``__cause__``."""
+def worker_errors(kind: type[IterflowError]) -> Iterator[None]:
+    """Inside, an error of type ``kind`` that was raised where the rows are read (a UDF,
+    a ``mapInArrow`` kernel or a ``CombineFn`` on an executor) surfaces as ``kind`` again,
+    not as the ``RoundError`` around Spark's error that carried it to the driver: its
+    message, which names the input and column, stays; the wrapper is chained as
+    ``__cause__``. For libraries on iterflow that validate rows in their kernels::
+
+        class GraphError(itf.IterflowError, ValueError): ...
+
+        with itf.worker_errors(GraphError):
+            result = iteration.run()   # a kernel's GraphError('edge to no vertex ...')
+    """
     try:
         yield
     except kind:

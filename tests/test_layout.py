@@ -84,6 +84,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     # The package's own front: what it exports.
     "iterflow.__init__": (
         "iterflow",
+        "iterflow.runtime",
         "iterflow.errors",
         "iterflow.records",
         "iterflow.termination",
@@ -98,21 +99,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 
 #: (importing module, imported module): why the rule above does not hold there.
 EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("iterflow.__init__", "iterflow.runtime.driver_variables"): "exports itf.to_arrow",
-    ("iterflow.__init__", "iterflow.runtime.session"): "exports itf.session",
-    ("iterflow.__init__", "iterflow.runtime.combine"): "exports itf.CombineFn and itf.combine",
-    ("iterflow.cli", "iterflow.runtime.session"): "the demos start an embedded session",
-    ("iterflow.cli", "iterflow.runtime.jvm"): "quiets Spark's log on a classic session",
-    ("iterflow.testing.plugin", "iterflow.runtime.session"): "the fixture starts a session",
     ("iterflow.ml.kmeans", "iterflow.runtime.jvm"): "k-means++ samples as MLlib does "
     "(RDD.takeSample) where the session is classic",
-    ("iterflow.ml.model", "iterflow.errors"): "reads the error a worker raised as RoundError "
-    "messages do",
-    ("iterflow.graph.pagerank", "iterflow.errors"): "raises the GraphError a worker raised again",
-    ("iterflow.graph.components", "iterflow.errors"): "raises the GraphError a worker raised again",
-    ("iterflow.graph.labels", "iterflow.errors"): "raises the GraphError a worker raised again",
-    ("iterflow.graph.paths", "iterflow.errors"): "raises the GraphError a worker raised again",
-    ("iterflow.graph.pregel", "iterflow.errors"): "raises the GraphError a worker raised again",
 }
 
 #: Modules that import no Spark: the leaves (the metrics' Spark bridge aside).

@@ -39,7 +39,6 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.errors import raised_again
 from iterflow.graph import block_state
 from iterflow.graph.model import GraphError, as_graph, graph_result, with_column
 from iterflow.graph.vectors import (
@@ -354,7 +353,7 @@ def connected_components(
     g = as_graph(graph)
     method, n = choose_method("connected_components", method, g)
     if method in ("arrow", "blocks"):
-        with raised_again(GraphError):  # an edge to no vertex, found by a worker
+        with itf.worker_errors(GraphError):  # an edge to no vertex, found by a worker
             if method == "arrow":
                 components = _vector_components(g, max_rounds, listen, run_options)
             else:

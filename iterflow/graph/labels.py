@@ -17,7 +17,6 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.errors import raised_again
 from iterflow.graph import block_state
 from iterflow.graph.components import undirected_edges
 from iterflow.graph.model import GraphError, as_graph, graph_result, with_column
@@ -174,7 +173,7 @@ def label_propagation(
     g = as_graph(graph)
     method, n = choose_method("label_propagation", method, g, below_limit="dataframe")
     if method == "blocks":
-        with raised_again(GraphError):  # an edge to no vertex, found by a worker
+        with itf.worker_errors(GraphError):  # an edge to no vertex, found by a worker
             labels = _block_labels(g, n, blocks, max_rounds, listen, run_options)
         return graph_result(graph, with_column(g.vertices, labels, "label"))
     iteration = (

@@ -34,7 +34,6 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.errors import raised_again
 from iterflow.graph import block_state
 from iterflow.graph.model import GraphError, as_graph, graph_result, with_column
 from iterflow.graph.vectors import (
@@ -539,7 +538,7 @@ def pagerank(
     if listen is not None:
         iteration = iteration.listen(listen)
     try:
-        with raised_again(GraphError):  # an edge to no vertex, found by a worker
+        with itf.worker_errors(GraphError):  # an edge to no vertex, found by a worker
             final = iteration.run(**run_options).outputs["ranks"]
         if lay is not None:
             final = block_state.apart(

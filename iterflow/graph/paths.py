@@ -19,7 +19,6 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 import iterflow as itf
-from iterflow.errors import raised_again
 from iterflow.graph import block_state
 from iterflow.graph.model import GraphError, as_graph, graph_result, with_column
 from iterflow.graph.pregel import Pregel, PregelProgram, shown
@@ -221,7 +220,7 @@ def shortest_paths(
         raise GraphError("shortest_paths(landmarks=...) needs at least one landmark id")
     method, n = choose_method("shortest_paths", method, g, below_limit="dataframe")
     if method == "blocks":
-        with raised_again(GraphError):  # an edge to no vertex, found by a worker
+        with itf.worker_errors(GraphError):  # an edge to no vertex, found by a worker
             found = _block_paths(g, n, chosen, blocks, listen, run_options)
         return graph_result(graph, with_column(g.vertices, found, "distances"))
     id_type = g.vertices.schema["id"].dataType
@@ -297,7 +296,7 @@ def weighted_shortest_paths(
         send_to_dst=Pregel.src("distance") + Pregel.edge(weight).cast("double"),
         aggregate=F.min,
     )
-    with raised_again(GraphError):  # an edge to no vertex, found by a worker
+    with itf.worker_errors(GraphError):  # an edge to no vertex, found by a worker
         result = program.run(
             g, n=n, method=method, blocks=blocks, max_rounds=bound, listen=listen, **run_options
         )

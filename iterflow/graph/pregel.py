@@ -44,7 +44,6 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 import iterflow as itf
-from iterflow.errors import raised_again
 from iterflow.graph import block_state
 from iterflow.graph.model import Graph, GraphError, as_graph, graph_result
 from iterflow.graph.vectors import choose_method
@@ -236,7 +235,7 @@ def pregel(
     )
     g = as_graph(graph)
     method, n = choose_method("pregel", method, g, below_limit="dataframe")
-    with raised_again(GraphError):  # an edge to no vertex, found by a worker
+    with itf.worker_errors(GraphError):  # an edge to no vertex, found by a worker
         result = program.run(
             g,
             n=n,

@@ -11,7 +11,6 @@ from typing import Any, cast
 from pyspark.sql import DataFrame
 
 import iterflow as itf
-from iterflow.errors import raised_again
 
 
 class MLError(itf.IterflowError, ValueError):
@@ -103,4 +102,4 @@ def worker_errors() -> contextlib.AbstractContextManager[None]:
     an ``MLError`` in a Python worker, which reaches the driver as a ``RoundError``
     wrapping Spark's error: re-raise it here as the ``MLError`` it was, with its message
     (which names the column)."""
-    return raised_again(MLError)
+    return itf.worker_errors(MLError)

@@ -25,15 +25,25 @@ EMBEDDED_DRIVER_MEMORY = "2g"
 _LAUNCH_SETTINGS = ("spark.driver.memory",)
 
 
-def session() -> SparkSession:
+def session(
+    master: str | None = None,
+    *,
+    app_name: str = "iterflow",
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
     """The active SparkSession, or a new one: on the master configured for this process
     (spark-submit's ``--master``, ``spark-defaults.conf``, ``PYSPARK_SUBMIT_ARGS``) with
     every configured setting, or, when no master is configured at all, an embedded local
-    one (``local[*]``) with iterflow's defaults."""
+    one (``local[*]``) with iterflow's defaults.
+
+    For a new session only: ``master`` is an explicit choice that wins over a configured
+    one (a command's ``--master``); ``app_name`` and ``conf`` fill in what is not
+    configured. ``itf.session("local[2]", conf={"spark.sql.shuffle.partitions": "4"})``
+    """
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    return embedded_session()
+    return embedded_session(master, app_name=app_name, conf=conf)
 
 
 def embedded_session(

@@ -109,12 +109,12 @@ def spark_settings(config: pytest.Config) -> tuple[str, dict[str, str]]:
 def spark(pytestconfig: pytest.Config) -> Iterator[Any]:
     """One SparkSession for the test run (see the module docstring), stopped at the end."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from iterflow.runtime.session import embedded_session
+    import iterflow as itf
 
     master, conf = spark_settings(pytestconfig)
     remote = spark_remote(pytestconfig)
     if remote is None:
-        session = embedded_session(master, app_name="iterflow-tests", conf=conf)
+        session = itf.session(master, app_name="iterflow-tests", conf=conf)
         session.sparkContext.setLogLevel("ERROR")
     else:
         session = connect_session(remote, conf)
