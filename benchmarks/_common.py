@@ -35,7 +35,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 import iterflow as itf
 from iterflow.demo.pagerank import initial_ranks, pagerank_body, random_graph
-from iterflow.runtime.session import embedded_session
+from iterflow.runtime.spark.session import embedded_session
 
 T = TypeVar("T")
 

@@ -111,7 +111,7 @@ from pyspark.sql import functions as F
 
 import iterflow as itf
 from iterflow.graph import Graph
-from iterflow.runtime.resident import RESIDENT_CONF
+from iterflow.runtime.datacache.resident_policy import RESIDENT_CONF
 
 TARGET_PAGERANK = 0.5  # iterflow resident / (GraphX warm load + PageRank.run)
 TARGET_KMEANS = 0.6  # iterflow resident / MLlib from the same centroids

@@ -47,7 +47,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.runtime.jvm import jvm_heap_after_gc, jvm_pid, persistent_rdd_count
+from iterflow.runtime.spark.jvm import jvm_heap_after_gc, jvm_pid, persistent_rdd_count
 
 SAMPLE_EVERY = 10
 FLAT = 1.10

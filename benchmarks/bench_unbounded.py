@@ -465,21 +465,29 @@ KEYED_RUNNERS: dict[str, Runner] = {"iterflow": run_keyed, "iterflow-async": run
 #: not an API, so a name that no longer exists is skipped.
 PROBES = (
     ("iterflow.unbounded.epochs", "EpochLoop.on_batch", "foreachBatch call (on_batch)"),
-    ("iterflow.runtime.jvm", "in_session", "  move the batch to the session"),
+    ("iterflow.runtime.spark.jvm", "in_session", "  move the batch to the session"),
     ("iterflow.unbounded.epochs", "EpochLoop.run_round", "  run_round"),
     ("iterflow.body", "FunctionBody.__call__", "    body"),
     ("iterflow.demo.online_kmeans", "model_arrays", "      model_arrays (collect of the model)"),
-    ("iterflow.runtime.materialize", "materialize", "    materialize (run the body's plan)"),
-    ("iterflow.runtime.materialize", "observed_rows", "    read the input's row count"),
+    ("iterflow.runtime.round.materialize", "materialize", "    materialize (run the body's plan)"),
+    ("iterflow.runtime.spark.observations", "observed_rows", "    read the input's row count"),
     ("iterflow.unbounded.query", "UnboundedQuery._source_backlog", "    source backlog"),
-    ("iterflow.runtime.run_observers", "RunObservers.complete", "    observers: complete"),
-    ("iterflow.runtime.run_observers", "RunObservers.round_end", "    observers: round_end"),
+    (
+        "iterflow.runtime.progresstrack.observers",
+        "RunObservers.complete",
+        "    observers: complete",
+    ),
+    (
+        "iterflow.runtime.progresstrack.observers",
+        "RunObservers.round_end",
+        "    observers: round_end",
+    ),
     ("iterflow.progress.listeners", "ListenerSet.round_end", "    listeners"),
-    ("iterflow.runtime.materialize", "release", "    release the previous epoch"),
+    ("iterflow.runtime.round.materialize", "release", "    release the previous epoch"),
     ("iterflow.unbounded.committer", "Committer.commit", "  commit"),
     ("iterflow.unbounded.epoch_log", "take", "    take the snapshot"),
-    ("iterflow.runtime.checkpoint", "snapshot", "      pickle the driver state"),
-    ("iterflow.runtime.checkpoint", "CheckpointStore.write", "    write the epoch's files"),
+    ("iterflow.runtime.checkpoint.store", "snapshot", "      pickle the driver state"),
+    ("iterflow.runtime.checkpoint.store", "CheckpointStore.write", "    write the epoch's files"),
     ("pyspark.sql.readwriter", "DataFrameWriter.parquet", "      parquet (a Spark job each)"),
 )
 #: The keyed workload has no k-means model to collect.

@@ -26,9 +26,9 @@ from iterflow.errors import (
 )
 from iterflow.progress import IterationEnd, RoundEnd, RoundListener, RoundProgress, RoundSample
 from iterflow.records import Rollback, Termination
-from iterflow.runtime.combine import CombineFn, combine
-from iterflow.runtime.driver_variables import to_arrow, vector, vector_cell
-from iterflow.runtime.session import session
+from iterflow.runtime.datacache.combine import CombineFn, combine
+from iterflow.runtime.datacache.driver_variables import to_arrow, vector, vector_cell
+from iterflow.runtime.spark.session import session
 from iterflow.termination import Condition, converged, empty, max_rounds, until
 from iterflow.unbounded import FileSink, UnboundedIteration, UnboundedQuery
 from iterflow.windows import FixedWindows, SessionWindows, SlidingWindows, WindowFn

@@ -16,11 +16,12 @@ from iterflow.errors import IterflowTypeError, IterflowValueError
 from iterflow.metrics.pusher import validate_timing
 from iterflow.metrics.sinks import MetricsSink
 from iterflow.progress.listeners import ListenerSet
-from iterflow.runtime.checkpoint import Checkpointing, CheckpointOptions, fingerprint
-from iterflow.runtime.run_observers import ObserverOptions, RunObservers
-from iterflow.runtime.schema import repeated_columns
-from iterflow.runtime.session import session_of
-from iterflow.runtime.sinks import Sink, sink_of
+from iterflow.runtime.checkpoint.format import fingerprint
+from iterflow.runtime.checkpoint.output_sinks import Sink, sink_of
+from iterflow.runtime.checkpoint.writer import Checkpointing, CheckpointOptions
+from iterflow.runtime.progresstrack.observers import ObserverOptions, RunObservers
+from iterflow.runtime.spark.schema import repeated_columns
+from iterflow.runtime.spark.session import session_of
 from iterflow.termination import Condition
 
 

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType
 
 import iterflow as itf
-from iterflow.runtime.session import embedded_session
+from iterflow.runtime.spark.session import embedded_session
 
 VERTICES, ROUNDS, EVERY, SEED = 60, 15, 2, 7
 

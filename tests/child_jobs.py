@@ -15,7 +15,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from iterflow.runtime.session import embedded_session
+from iterflow.runtime.spark.session import embedded_session
 
 
 def job_env() -> dict[str, str]:

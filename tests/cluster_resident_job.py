@@ -25,7 +25,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.runtime.resident import MAX_BYTES_PER_EXECUTOR_CONF, RESIDENT_CONF
+from iterflow.runtime.datacache.ledger import MAX_BYTES_PER_EXECUTOR_CONF
+from iterflow.runtime.datacache.resident_policy import RESIDENT_CONF
 
 #: Rows of the skewed partition, and of each of the seven small ones.
 BIG, SMALL = 600_000, 1_000

@@ -21,7 +21,7 @@ from typing import Any
 from child_jobs import job_master
 
 import iterflow as itf
-from iterflow.runtime.session import embedded_session
+from iterflow.runtime.spark.session import embedded_session
 
 SINK_ROUNDS, SINK_EVERY = 20, 13
 NESTED_ROUNDS, NESTED_EVERY, NESTED_ROWS = 6, 2, 200

@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 import iterflow as itf
 from iterflow.graph import Graph, pagerank
-from iterflow.runtime.resident import RESIDENT_CONF
+from iterflow.runtime.datacache.resident_policy import RESIDENT_CONF
 
 ROWS = 3_000
 VERTICES, EDGES = 500, 4_000

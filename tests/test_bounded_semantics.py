@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 from sessions import jobs_started
 
 import iterflow as itf
-from iterflow.runtime.driver_variables import DRIVER_ROWS_CONF
+from iterflow.runtime.datacache.driver_variables import DRIVER_ROWS_CONF
 
 pytestmark = pytest.mark.spark
 

@@ -13,7 +13,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.runtime.checkpoint import CheckpointStore
+from iterflow.runtime.checkpoint.store import CheckpointStore
 
 DATA = Path(__file__).with_name("data") / "checkpoints-0.1.0"
 

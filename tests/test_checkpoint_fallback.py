@@ -16,7 +16,7 @@ from test_checkpoints import committed_epochs, expected, run, values
 from test_unbounded import numbers_stream, running_sum, write_numbers
 
 import iterflow as itf
-from iterflow.runtime.checkpoint import DRIVER, epoch_dir
+from iterflow.runtime.checkpoint.format import DRIVER, epoch_dir
 
 pytestmark = pytest.mark.spark
 

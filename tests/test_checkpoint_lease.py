@@ -22,8 +22,8 @@ from test_unbounded import numbers_stream, running_sum, write_numbers
 
 import iterflow as itf
 from iterflow.errors import CheckpointInUseError
-from iterflow.runtime.files import LocalFiles
-from iterflow.runtime.lease import LEASE, TIMEOUT_CONF, Lease, _pid_namespace
+from iterflow.runtime.checkpoint.lease import LEASE, TIMEOUT_CONF, Lease, _pid_namespace
+from iterflow.runtime.spark.files import LocalFiles
 
 
 def lease_of(directory: Path, timeout_s: float = 60.0) -> Lease:

@@ -16,8 +16,8 @@ from pyspark.sql import functions as F
 import iterflow as itf
 from iterflow.progress.events import read_events, round_ends
 from iterflow.progress.report import format_report
-from iterflow.runtime.checkpoint import MARKER, epoch_dir
-from iterflow.runtime.driver_variables import DRIVER_ROWS_CONF
+from iterflow.runtime.checkpoint.format import MARKER, epoch_dir
+from iterflow.runtime.datacache.driver_variables import DRIVER_ROWS_CONF
 
 pytestmark = pytest.mark.spark
 
@@ -239,7 +239,7 @@ def checkpointed_variables(spark: SparkSession) -> Any:
 def lose_block_at(epoch: int) -> Any:
     """A listener that drops a block of the variable's local checkpoint after round
     ``epoch``, as a lost executor would: Spark cannot recompute it."""
-    from iterflow.runtime.jvm import release_local_checkpoint
+    from iterflow.runtime.spark.jvm import release_local_checkpoint
 
     lost: list[int] = []
 
@@ -398,7 +398,7 @@ def test_an_unpicklable_listener_attribute_is_named(spark: SparkSession, tmp_pat
 
 def failing_write(monkeypatch: pytest.MonkeyPatch, fails: Any, message: str) -> None:
     """Make CheckpointStore.write raise ``message`` for the writes ``fails(epoch, outputs)``."""
-    from iterflow.runtime.checkpoint import CheckpointStore
+    from iterflow.runtime.checkpoint.store import CheckpointStore
 
     real = CheckpointStore.write
 
@@ -442,7 +442,7 @@ def test_driver_states_written_before_classes_moved_still_load() -> None:
     from datetime import datetime, timezone
 
     from iterflow.records import RoundProgress
-    from iterflow.runtime.checkpoint import DriverState, load_driver_state
+    from iterflow.runtime.checkpoint.format import DriverState, load_driver_state
     from iterflow.unbounded.epoch_log import StreamPosition
 
     progress = RoundProgress(
@@ -475,7 +475,7 @@ def test_progress_pickled_before_epoch_paths_existed_gets_its_default() -> None:
     from datetime import datetime, timezone
 
     from iterflow.records import RoundProgress
-    from iterflow.runtime.checkpoint import _fill_defaults
+    from iterflow.runtime.checkpoint.format import _fill_defaults
 
     progress = RoundProgress(
         epoch=4, epoch_watermark=4, started_at=datetime.now(timezone.utc), duration_s=0.1

@@ -13,8 +13,8 @@ import pyarrow.compute as pc
 import pytest
 
 import iterflow as itf
-from iterflow.runtime.columnar import DIRECTORY_CONF, _open
-from iterflow.runtime.resident import RESIDENT_CONF
+from iterflow.runtime.datacache.columnar import DIRECTORY_CONF, _open
+from iterflow.runtime.datacache.resident_policy import RESIDENT_CONF
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +70,7 @@ def test_a_missing_file_names_the_setting_to_fix(tmp_path):
 
 
 def test_combine_sees_the_kernels_outputs_in_file_order_on_spark_and_on_the_driver(spark):
-    from iterflow.runtime.columnar import ColumnarData, combined_on_driver
+    from iterflow.runtime.datacache.columnar import ColumnarData, combined_on_driver
 
     values = np.arange(1, 2001, dtype=np.float64)
     files = ColumnarData.write(spark.createDataFrame(pa.table({"x": values})).repartition(5))

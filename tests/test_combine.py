@@ -21,9 +21,9 @@ from pyspark.sql import functions as F
 from test_resident import settings
 
 import iterflow as itf
-from iterflow.runtime.combine import MergeTree
-from iterflow.runtime.jvm import planned_partitions
-from iterflow.runtime.resident import RESIDENT_CONF
+from iterflow.runtime.datacache.combine import MergeTree
+from iterflow.runtime.datacache.resident_policy import RESIDENT_CONF
+from iterflow.runtime.spark.jvm import planned_partitions
 
 pytestmark = pytest.mark.spark
 
@@ -347,7 +347,7 @@ def test_in_a_body_every_path_gives_the_same_statistics(spark, mixture, mode):
 def test_a_one_row_variable_alone_in_its_round_is_combined_on_the_driver(
     spark, mixture, monkeypatch
 ):
-    from iterflow.runtime import materialize
+    from iterflow.runtime.round import materialize
 
     x, stats, expected = mixture
     combined: list[bool] = []

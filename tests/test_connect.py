@@ -178,7 +178,7 @@ def test_executor_metrics_warn_and_graph_arrow_paths_match_networkx(
 
 
 def test_checkpoint_dir_over_connect_is_a_directory_both_sides_see() -> None:
-    from iterflow.runtime.files import LocalFiles, _connect_files
+    from iterflow.runtime.spark.files import LocalFiles, _connect_files
 
     files, root = _connect_files("file:///data/ckpt/")
     assert isinstance(files, LocalFiles) and root == "file:/data/ckpt"

@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 
 import iterflow as itf
 from iterflow.errors import IterflowTypeError, IterflowValueError, IterflowWarning, RoundError
-from iterflow.runtime.checkpoint import CheckpointStore
+from iterflow.runtime.checkpoint.store import CheckpointStore
 
 pytestmark = pytest.mark.spark
 

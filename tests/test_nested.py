@@ -167,7 +167,7 @@ def test_a_nested_runs_bar_follows_the_outer_runs(spark: SparkSession) -> None:
         return itf.Declaration(outputs={"y": y})
 
     def outer_listener(ctx: itf.RoundEnd) -> None:
-        import iterflow.runtime.run_observers as observers
+        import iterflow.runtime.progresstrack.observers as observers
 
         made = []
         original = observers.ProgressBar
@@ -238,8 +238,8 @@ def test_a_failing_nested_round_names_its_epoch_path(spark: SparkSession, tmp_pa
 def test_a_block_lost_in_a_nested_run_rolls_the_outer_run_back(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    from iterflow.runtime.driver_variables import DRIVER_ROWS_CONF
-    from iterflow.runtime.jvm import release_local_checkpoint
+    from iterflow.runtime.datacache.driver_variables import DRIVER_ROWS_CONF
+    from iterflow.runtime.spark.jvm import release_local_checkpoint
 
     lost: list[tuple[int, ...]] = []
 
@@ -279,7 +279,7 @@ def test_a_block_lost_in_a_nested_run_rolls_the_outer_run_back(
 
 
 def test_a_query_started_in_a_round_is_not_nested(spark: SparkSession) -> None:
-    from iterflow.runtime.run_observers import ObserverOptions, RunObservers
+    from iterflow.runtime.progresstrack.observers import ObserverOptions, RunObservers
 
     def observers(**options: Any) -> RunObservers:
         return RunObservers(

@@ -27,9 +27,10 @@ from sessions import is_connect, jobs_started, server_context
 import iterflow as itf
 from iterflow.graph import Graph, pagerank
 from iterflow.ml import kmeans, logistic_regression
-from iterflow.runtime import resident
-from iterflow.runtime.dataplane import Credentials, DataPlane, KeyPair, connect
-from iterflow.runtime.resident import MAX_BYTES_CONF, PORT_CONF, RESIDENT_CONF
+from iterflow.runtime.datacache import resident, resident_policy, resident_task
+from iterflow.runtime.datacache.dataplane import Credentials, DataPlane, KeyPair, connect
+from iterflow.runtime.datacache.ledger import MAX_BYTES_CONF
+from iterflow.runtime.datacache.resident_policy import PORT_CONF, RESIDENT_CONF
 
 pytestmark = pytest.mark.spark
 
@@ -307,7 +308,7 @@ def test_a_body_without_columnar_data_says_so(spark, tmp_path):
 
 def test_an_unreachable_data_plane_falls_back_or_fails_under_on(spark, tmp_path, monkeypatch):
     points = spark.createDataFrame(pa.table({"x": np.arange(50.0)})).repartition(2)
-    original = resident.ResidentPolicy._data_plane
+    original = resident_policy.ResidentPolicy._data_plane
 
     def unreachable(self, context):
         plane = original(self, context)
@@ -317,8 +318,8 @@ def test_an_unreachable_data_plane_falls_back_or_fails_under_on(spark, tmp_path,
         plane.credentials = attrs.evolve(plane.credentials, location=f"grpc+tcp://127.0.0.1:{port}")
         return plane
 
-    monkeypatch.setattr(resident.ResidentPolicy, "_data_plane", unreachable)
-    monkeypatch.setattr(resident, "CONNECT_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(resident_policy.ResidentPolicy, "_data_plane", unreachable)
+    monkeypatch.setattr(resident_task, "CONNECT_TIMEOUT_S", 2.0)
     result = run_sums(spark, points, event_log=tmp_path / "unreachable.jsonl")
     assert result.outputs["acc"].first()["acc"] == 6 * sum(range(50))
     described = started_event(tmp_path / "unreachable.jsonl")["resident"]
@@ -635,7 +636,7 @@ def test_a_held_frame_makes_one_jvm_dataset_when_threads_race_for_it(spark):
     Dataset: columns of one must resolve in joins built from the other."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from iterflow.runtime.driver_variables import held_frame
+    from iterflow.runtime.datacache.driver_variables import held_frame
 
     table = pa.table({"id": pa.array(range(50), pa.int64())})
     frame = held_frame(spark, table, spark.createDataFrame(table).schema)
@@ -649,7 +650,7 @@ def test_a_held_frame_makes_one_jvm_dataset_when_threads_race_for_it(spark):
 def test_too_few_task_slots_fall_back_with_the_reason(spark, tmp_path, monkeypatch):
     """One slot (local[1], say): a resident task would leave none for the round's jobs."""
     points = spark.createDataFrame(pa.table({"x": np.arange(30.0)})).repartition(2)
-    monkeypatch.setattr(resident, "task_slots", lambda context: 1)
+    monkeypatch.setattr(resident_policy, "task_slots", lambda context: 1)
     result = run_sums(spark, points, event_log=tmp_path / "slots.jsonl")
     assert result.outputs["acc"].first()["acc"] == 6 * sum(range(30))
     described = started_event(tmp_path / "slots.jsonl")["resident"]

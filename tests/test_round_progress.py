@@ -24,8 +24,8 @@ import iterflow as itf
 from iterflow.progress.events import read_events
 from iterflow.progress.report import format_report
 from iterflow.progress.sampling import Reading, RoundGauge
-from iterflow.runtime.resident import RESIDENT_CONF
-from iterflow.runtime.round_status import _rows_of_steps
+from iterflow.runtime.datacache.resident_policy import RESIDENT_CONF
+from iterflow.runtime.progresstrack.spark_status import _rows_of_steps
 
 ROWS = 24
 #: Seconds each row of the slow body takes in its UDF: ROWS * SLOW_S / 2 cores >= 3 s.

@@ -28,7 +28,7 @@ from pyspark import cloudpickle
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.runtime.jvm import jvm_heap_after_gc, jvm_pid, persistent_rdd_count
+from iterflow.runtime.spark.jvm import jvm_heap_after_gc, jvm_pid, persistent_rdd_count
 
 pytestmark = pytest.mark.spark
 # The kernels below run in Python workers, which cannot import this module.

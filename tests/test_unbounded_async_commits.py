@@ -20,7 +20,9 @@ from test_unbounded import numbers_stream, running_sum, write_numbers
 
 import iterflow as itf
 from iterflow.errors import IterflowError, IterflowValueError
-from iterflow.runtime.checkpoint import CheckpointStore, CheckpointWriteError, load_driver_state
+from iterflow.runtime.checkpoint.format import load_driver_state
+from iterflow.runtime.checkpoint.store import CheckpointStore
+from iterflow.runtime.checkpoint.writer import CheckpointWriteError
 from iterflow.unbounded import epoch_log
 from iterflow.unbounded.rewind import rewind
 

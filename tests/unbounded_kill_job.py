@@ -17,7 +17,7 @@ from child_jobs import job_master
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.runtime.session import embedded_session
+from iterflow.runtime.spark.session import embedded_session
 
 SLEEP_S = 0.2
 

@@ -20,11 +20,11 @@ from iterflow.builder import (
 )
 from iterflow.errors import IterflowTypeError, IterflowValueError, warn
 from iterflow.progress.estimate import check_progress_from
-from iterflow.runtime.checkpoint import CheckpointOptions
-from iterflow.runtime.driver_variables import driver_rows
-from iterflow.runtime.resident import ResidentPolicy
-from iterflow.runtime.run_observers import enclosing_round
-from iterflow.runtime.schema import describe_inputs
+from iterflow.runtime.checkpoint.writer import CheckpointOptions
+from iterflow.runtime.datacache.driver_variables import driver_rows
+from iterflow.runtime.datacache.resident_policy import resident_setting
+from iterflow.runtime.progresstrack.observers import enclosing_round
+from iterflow.runtime.spark.schema import describe_inputs
 from iterflow.termination import Condition
 
 
@@ -133,7 +133,7 @@ class BoundedIteration(IterationBuilder):
         check_progress_from(progress_from)
         active, inputs = self._bound_inputs(spark)
         held_rows = driver_rows(active)
-        residency = ResidentPolicy(active)  # checks spark.iterflow.resident before anything starts
+        resident_setting(active)  # checked before anything starts
         replay = {name for name, b in self._bindings.items() if b.replay}
         checkpoints = None
         outer = enclosing_round()
@@ -171,7 +171,6 @@ class BoundedIteration(IterationBuilder):
             conditions=tuple(self._conditions),
             listeners=self._listeners,
             observers=observers,
-            residency=residency,
             checkpointing=checkpointing,
             driver_rows=held_rows,
             sinks=self._sinks_by_output,

@@ -2,7 +2,7 @@
 
 Round k calls the body on the variables (feedback of round k-1, or the bound
 values at round 0) and the data inputs through the shared round cycle
-(``iterflow.runtime.cycle``). What is the bounded loop's own: deciding
+(``iterflow.runtime.round.cycle``). What is the bounded loop's own: deciding
 termination, writing checkpoints every ``checkpoint_every`` rounds, and rolling
 back to the last durable one when a round lost a local checkpoint block.
 """
@@ -21,13 +21,14 @@ from iterflow.bounded.result import IterationResult
 from iterflow.errors import IterflowError, RoundError, warn
 from iterflow.progress.listeners import ListenerSet
 from iterflow.records import RoundProgress, Termination
-from iterflow.runtime.checkpoint import Checkpointing, lost_checkpoint_block
-from iterflow.runtime.cycle import LoopState, Round, RoundCycle, fail
-from iterflow.runtime.declaration import DeclarationCheck, RoundPlan
-from iterflow.runtime.resident import ResidentPolicy
-from iterflow.runtime.round_context import CacheRegistry
-from iterflow.runtime.run_observers import RunObservers
-from iterflow.runtime.sinks import Sink
+from iterflow.runtime.checkpoint.format import lost_checkpoint_block
+from iterflow.runtime.checkpoint.output_sinks import Sink
+from iterflow.runtime.checkpoint.writer import Checkpointing
+from iterflow.runtime.datacache.resident_policy import ResidentPolicy
+from iterflow.runtime.progresstrack.observers import RunObservers
+from iterflow.runtime.round.cycle import LoopState, Round, RoundCycle, fail
+from iterflow.runtime.round.declaration import DeclarationCheck, RoundPlan
+from iterflow.runtime.round.scope import CacheRegistry
 from iterflow.termination import Condition, check_converged_value, decide, flatten
 
 
@@ -43,7 +44,6 @@ class RoundLoop:
         conditions: tuple[Condition, ...],
         listeners: ListenerSet,
         observers: RunObservers,
-        residency: ResidentPolicy,
         checkpointing: Checkpointing | None,
         driver_rows: int,
         sinks: Mapping[str, Sink],
@@ -69,8 +69,7 @@ class RoundLoop:
         self.loop = LoopState(
             check=check, listeners=listeners, observers=observers, recent=keep_history
         )
-        self.residency = residency
-        residency.on_decided = observers.flush_start
+        residency = ResidentPolicy(spark, observers.tracker)
         self.cycle = RoundCycle(self.loop, CacheRegistry(residency), driver_rows, in_spark)
         self.recovery = Recovery(self)
 
@@ -87,7 +86,7 @@ class RoundLoop:
                 self.replay,
                 self.conditions,
                 resumed_from,
-                resident=self.residency.residency,
+                resident=True,
             )
             started = True
             if restored is not None:

@@ -19,9 +19,9 @@ from pyspark.sql import DataFrame
 from iterflow.bounded.result import IterationResult
 from iterflow.errors import IterflowError, IterflowValueError, RoundError, warn
 from iterflow.records import Rollback, describe_loss, executors_lost
-from iterflow.runtime.checkpoint import Checkpoint
-from iterflow.runtime.jvm import removed_executors
-from iterflow.runtime.run_observers import enclosing_round
+from iterflow.runtime.checkpoint.format import Checkpoint
+from iterflow.runtime.progresstrack.observers import enclosing_round
+from iterflow.runtime.spark.jvm import removed_executors
 from iterflow.termination import max_rounds_of
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ import attrs
 from pyspark.sql import DataFrame
 
 from iterflow.records import Rollback, RoundProgress, Termination
-from iterflow.runtime.materialize import release
+from iterflow.runtime.round.materialize import release
 
 
 @attrs.frozen(kw_only=True)

@@ -8,7 +8,7 @@ that thread runs; so an update counts toward the round whose job ran the task,
 whenever the function that made it was pickled. Spark drops the updates of
 failed task attempts and merges those of successful ones before the job ends.
 
-Resident tasks (``iterflow.runtime.resident``) outlive their rounds: inside one,
+Resident tasks (``iterflow.runtime.datacache.resident``) outlive their rounds: inside one,
 ``captured(run_id, epoch)`` collects the updates of a kernel call instead, which
 the task ships to the driver with the call's outputs and the driver adds with
 ``SparkBridge.merge`` once the whole call succeeded (a failed call's updates are

@@ -50,7 +50,7 @@ from iterflow.ml.params import (
     param,
     weight_column,
 )
-from iterflow.runtime.jvm import is_classic
+from iterflow.runtime.spark.jvm import is_classic
 
 MODEL_SCHEMA = "centroids ARRAY<DOUBLE>, cost DOUBLE, shift DOUBLE"
 PARTIAL_SCHEMA = "sums ARRAY<DOUBLE>, counts ARRAY<LONG>, cost DOUBLE"

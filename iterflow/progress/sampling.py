@@ -1,6 +1,6 @@
 """From readings of a running round to ``RoundSample`` values. Pure Python.
 
-A status source (``iterflow.runtime.round_status``) reports what the round's
+A status source (``iterflow.runtime.progresstrack.spark_status``) reports what the round's
 Spark jobs have done so far: tasks total, done and active, rows read, rows out of
 its named steps. A ``RoundGauge`` turns these readings into samples: the
 fraction done weighs the tasks known so far against those of the round before

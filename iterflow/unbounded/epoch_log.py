@@ -18,8 +18,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from iterflow.errors import IterflowValueError
-from iterflow.runtime.checkpoint import DriverSnapshot
-from iterflow.runtime.driver_variables import local_frame
+from iterflow.runtime.checkpoint.format import DriverSnapshot
+from iterflow.runtime.datacache.driver_variables import local_frame
 from iterflow.unbounded.event_time import stored_name
 
 if TYPE_CHECKING:

@@ -34,23 +34,22 @@ from iterflow.body import IterationBody
 from iterflow.errors import IterflowError
 from iterflow.progress.listeners import ListenerSet
 from iterflow.records import Termination
-from iterflow.runtime.checkpoint import Checkpointing
-from iterflow.runtime.cycle import LoopState, RoundCycle
-from iterflow.runtime.declaration import DeclarationCheck
-from iterflow.runtime.driver_variables import DRIVER_ROWS
-from iterflow.runtime.event_steps import EpochSteps
-from iterflow.runtime.jvm import await_observations, in_session
-from iterflow.runtime.materialize import (
+from iterflow.runtime.checkpoint.output_sinks import Sink
+from iterflow.runtime.checkpoint.writer import Checkpointing
+from iterflow.runtime.datacache.driver_variables import DRIVER_ROWS
+from iterflow.runtime.progresstrack.observers import RunObservers
+from iterflow.runtime.round.cycle import LoopState, RoundCycle
+from iterflow.runtime.round.declaration import DeclarationCheck
+from iterflow.runtime.round.materialize import (
     observe_rows,
-    observed_metrics,
-    observed_rows,
     step_observation,
 )
-from iterflow.runtime.round_context import CacheRegistry
-from iterflow.runtime.run_observers import RunObservers
-from iterflow.runtime.sinks import Sink
+from iterflow.runtime.round.scope import CacheRegistry
+from iterflow.runtime.spark.jvm import await_observations, in_session
+from iterflow.runtime.spark.observations import observed_metrics, observed_rows
 from iterflow.unbounded import epoch_log
 from iterflow.unbounded.committer import Committer
+from iterflow.unbounded.event_steps import EpochSteps
 from iterflow.unbounded.event_time import EventTime
 from iterflow.unbounded.inputs import Chunks, split
 
@@ -262,7 +261,10 @@ class EpochLoop:
         timing = self.event_time
         self.loop.observers.metrics.settle(epoch)  # an unbounded run never rolls back
         with self.loop.observers.round(epoch):
-            observations = {name: step_observation("input", (name,)) for name in self.streams}
+            tracker = self.loop.observers.tracker
+            observations = {
+                name: step_observation("input", (name,), tracker) for name in self.streams
+            }
             inputs: dict[str, DataFrame] = {}
             for name in self.loop.check.schemas:
                 if name in self.streams:

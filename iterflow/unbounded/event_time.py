@@ -14,7 +14,7 @@ behind the oldest one in flight, under either policy); it never goes back. A
 commit keeps the policy, and a restart goes on with it (as a Spark checkpoint
 keeps its own).
 
-Each ``ctx.window``/``ctx.join`` step (``iterflow.runtime.event_steps``) has an
+Each ``ctx.window``/``ctx.join`` step (``iterflow.unbounded.event_steps``) has an
 input watermark for the epoch: the least of the loop's and the output watermarks
 of the steps its rows come from, as they stood after the previous epoch. Like a
 Structured Streaming micro-batch, an epoch works with the watermarks computed at
@@ -50,9 +50,9 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from iterflow.errors import IterflowValueError
-from iterflow.runtime.event_steps import EpochSteps, PreviousStep, StepOutcome
-from iterflow.runtime.materialize import Materialized
-from iterflow.runtime.schema import quoted
+from iterflow.runtime.round.materialize import Materialized
+from iterflow.runtime.spark.schema import quoted
+from iterflow.unbounded.event_steps import EpochSteps, PreviousStep, StepOutcome
 from iterflow.windows import MAX_US, MIN_US, to_datetime
 
 #: Metric names riding on the epoch's jobs.

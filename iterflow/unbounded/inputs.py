@@ -20,7 +20,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from iterflow.runtime.schema import quoted
+from iterflow.runtime.spark.schema import quoted
 
 TAG = "_iterflow_input"
 _ROW = "_iterflow_row"

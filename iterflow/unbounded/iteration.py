@@ -19,12 +19,12 @@ from iterflow.builder import (
     keep_history_option,
 )
 from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
-from iterflow.runtime.checkpoint import CheckpointOptions
-from iterflow.runtime.driver_variables import driver_rows
-from iterflow.runtime.files import files_for
-from iterflow.runtime.jvm import is_classic
-from iterflow.runtime.schema import describe_inputs
-from iterflow.runtime.sinks import Sink, check_discarding
+from iterflow.runtime.checkpoint.output_sinks import Sink, check_discarding
+from iterflow.runtime.checkpoint.writer import CheckpointOptions
+from iterflow.runtime.datacache.driver_variables import driver_rows
+from iterflow.runtime.spark.files import files_for
+from iterflow.runtime.spark.jvm import is_classic
+from iterflow.runtime.spark.schema import describe_inputs
 from iterflow.unbounded.committer import RETAINED_BATCHES_CONF
 from iterflow.unbounded.epochs import EpochLoop, EpochOptions
 from iterflow.unbounded.event_time import WATERMARK_POLICY_CONF, EventTime, watermark_policy

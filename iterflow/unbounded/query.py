@@ -10,7 +10,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from iterflow.errors import IterflowError
 from iterflow.records import RoundProgress, Termination
-from iterflow.runtime.round_sampler import on_sampler_thread
+from iterflow.runtime.progresstrack.sampler import on_sampler_thread
 from iterflow.unbounded.backlog import SourceBacklog
 from iterflow.unbounded.epochs import EpochLoop
 

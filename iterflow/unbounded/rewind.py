@@ -38,8 +38,8 @@ from collections.abc import Sequence
 from pyspark.sql import DataFrame, SparkSession
 
 from iterflow.errors import IterflowError
-from iterflow.runtime.files import Files, files_for
-from iterflow.runtime.jvm import stream_sources
+from iterflow.runtime.spark.files import Files, files_for
+from iterflow.runtime.spark.jvm import stream_sources
 from iterflow.unbounded.source_log import is_compaction, log_entries, log_files
 
 #: Sources that read again what they delivered once, from the offsets Spark recorded.

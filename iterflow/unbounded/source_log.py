@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from iterflow.runtime.files import Files
+from iterflow.runtime.spark.files import Files
 
 _LOG_FILE = re.compile(r"(\d+)(\.compact)?")
 

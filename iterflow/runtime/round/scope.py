@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from pyspark.sql import DataFrame, Observation
 
 from iterflow.body import Lifecycle
-from iterflow.errors import IterflowTypeError, IterflowValueError
-from iterflow.runtime.columnar import ColumnarData, Prepare, plan_key
-from iterflow.runtime.event_steps import EpochSteps, outside_unbounded
-from iterflow.runtime.jvm import await_observations
-from iterflow.runtime.materialize import (
+from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
+from iterflow.runtime.datacache.columnar import ColumnarData, Prepare, plan_key
+from iterflow.runtime.datacache.resident import ResidentData
+from iterflow.runtime.datacache.resident_policy import ResidentPolicy
+from iterflow.runtime.progresstrack.tracker import RoundTracker
+from iterflow.runtime.round.materialize import (
     observe_rows,
-    observed_rows,
     persist_owned,
     step_observation,
 )
-from iterflow.runtime.resident import ResidentData, ResidentPolicy
+from iterflow.runtime.spark.jvm import await_observations
+from iterflow.runtime.spark.observations import observed_rows
 
 #: Columns iterflow adds to the rows of ``ctx.columnar`` (``__iterflow_partition``) and to
 #: its kernels' outputs (``__iterflow_file``): a user column may not start so.
@@ -28,7 +29,7 @@ class CacheRegistry:
     """DataFrames iterflow persisted, by lifecycle; releases only what it persisted.
 
     With a ``residency`` policy, columnar data is made resident where it can be
-    (``iterflow.runtime.resident``), and written as Arrow files otherwise.
+    (``iterflow.runtime.datacache.resident``), and written as Arrow files otherwise.
     """
 
     def __init__(self, residency: ResidentPolicy | None = None) -> None:
@@ -84,17 +85,62 @@ class CacheRegistry:
                     self.residency.close()
 
 
+class EventTimeSteps(Protocol):
+    """An epoch's event-time steps, behind ``ctx.window``, ``ctx.join`` and ``ctx.late``:
+    what the round scope calls. The unbounded loop provides them
+    (``iterflow.unbounded.event_steps.EpochSteps``); a bounded round has none."""
+
+    def window(
+        self,
+        df: DataFrame,
+        window: Any,
+        allowed_lateness: Any,
+        *,
+        by: Any,
+        event_time: Any,
+        name: Any,
+    ) -> DataFrame: ...
+
+    def join(
+        self,
+        left: DataFrame,
+        right: DataFrame,
+        on: Any,
+        within: Any,
+        *,
+        event_time: Any,
+        name: Any,
+    ) -> DataFrame: ...
+
+    def late(self, name: str) -> DataFrame: ...
+
+
+def outside_unbounded(kind: str) -> IterflowError:
+    """The error of an event-time step in a run that has no event time."""
+    return IterflowError(
+        f"ctx.{kind}() is an event-time step of an UnboundedIteration: bind a streaming "
+        "input with event_time='<column>' (and max_delay=) and start() it"
+    )
+
+
 class SparkRoundScope:
     """Backs a ``RoundContext`` for one epoch: observations, caches and (in an unbounded
     iteration with event time) the event-time steps ``events``."""
 
-    def __init__(self, epoch: int, caches: CacheRegistry, events: EpochSteps | None = None) -> None:
+    def __init__(
+        self,
+        epoch: int,
+        caches: CacheRegistry,
+        tracker: RoundTracker,
+        events: EventTimeSteps | None = None,
+    ) -> None:
         self.epoch = epoch
         self._caches = caches
+        self.tracker = tracker
         self._observations: dict[str, Observation] = {}
         self.events = events
 
-    def _events(self, kind: str) -> EpochSteps:
+    def _events(self, kind: str) -> EventTimeSteps:
         if self.events is None:
             raise outside_unbounded(kind)
         return self.events
@@ -118,7 +164,7 @@ class SparkRoundScope:
                 f"epoch {self.epoch}: observe('{name}') was called twice in one round; "
                 "give each observed step its own name"
             )
-        observation = step_observation("observe", (name,))
+        observation = step_observation("observe", (name,), self.tracker)
         self._observations[name] = observation
         return observe_rows(df, observation)
 

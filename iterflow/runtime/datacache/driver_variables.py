@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from iterflow.errors import IterflowValueError
-from iterflow.runtime.jvm import is_classic, is_local, lazy_local_frame
+from iterflow.runtime.spark.jvm import is_classic, is_local, lazy_local_frame
 
 #: A variable that had at most this many rows in the previous round is collected rather
 #: than checkpointed: the next body (and a commit) reads it without a Spark job...

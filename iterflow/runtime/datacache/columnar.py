@@ -41,8 +41,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import IntegerType, StructType
 
 from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
-from iterflow.runtime.jvm import semantic_hash, spark_context
-from iterflow.runtime.schema import map_in_arrow
+from iterflow.runtime.spark.jvm import semantic_hash, spark_context
+from iterflow.runtime.spark.schema import map_in_arrow
 
 DIRECTORY_CONF = "spark.iterflow.columnar.dir"
 

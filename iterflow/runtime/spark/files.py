@@ -17,7 +17,7 @@ from typing import Protocol
 from pyspark.sql import SparkSession
 
 from iterflow.errors import IterflowValueError
-from iterflow.runtime.jvm import HadoopFiles, is_classic
+from iterflow.runtime.spark.jvm import HadoopFiles, is_classic
 
 
 class Files(Protocol):

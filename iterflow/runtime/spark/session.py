@@ -10,7 +10,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from iterflow.errors import IterflowValueError
-from iterflow.runtime.jvm import configured_settings
+from iterflow.runtime.spark.jvm import configured_settings
 
 #: Settings of the embedded session: few shuffle partitions for a small local
 #: machine, no console progress bar (it garbles iterflow's own output).

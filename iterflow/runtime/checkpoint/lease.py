@@ -33,7 +33,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from iterflow.errors import CheckpointInUseError, IterflowError, IterflowValueError
-from iterflow.runtime.files import Files
+from iterflow.runtime.spark.files import Files
 from iterflow.windows import duration_us
 
 LEASE = "_LEASE"

@@ -11,7 +11,7 @@ from pyspark.sql.types import StructType
 
 from iterflow.body import Declaration
 from iterflow.errors import IterflowTypeError, IterflowValueError, warn
-from iterflow.runtime.schema import is_numeric, schema_differences
+from iterflow.runtime.spark.schema import is_numeric, schema_differences
 from iterflow.termination import Condition, Converged, Empty, flatten
 
 

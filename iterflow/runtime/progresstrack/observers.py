@@ -34,10 +34,10 @@ from iterflow.progress.estimate import (
 )
 from iterflow.progress.events import EventLog
 from iterflow.records import Rollback, RoundProgress, RoundSample, Termination
-from iterflow.runtime.jvm import spark_context
-from iterflow.runtime.resident import Residency
-from iterflow.runtime.round_sampler import RoundSampler
-from iterflow.runtime.schema import describe_inputs
+from iterflow.runtime.progresstrack.sampler import RoundSampler
+from iterflow.runtime.progresstrack.tracker import RoundTracker
+from iterflow.runtime.spark.jvm import spark_context
+from iterflow.runtime.spark.schema import describe_inputs
 from iterflow.termination import Condition, Converged, max_rounds_of
 
 
@@ -88,7 +88,6 @@ def enclosing_round() -> tuple[int, ...] | None:
 
 
 #: How unbounded runs execute kernels: each epoch's are jobs of its micro-batch.
-UNBOUNDED = Residency("jobs", "unbounded iterations run kernels as Spark jobs of each epoch")
 
 
 class RunObservers:
@@ -151,7 +150,11 @@ class RunObservers:
         self._sample_failed = False
         #: The rollback the next completed round follows, if any.
         self._rollback: Rollback | None = None
-        self._sampler = RoundSampler(spark, self.run_id, options.progress_interval_s, self._sampled)
+        #: What the run's rounds report while they run (read by the sampler and here).
+        self.tracker = RoundTracker(on_decided=self.flush_start)
+        self._sampler = RoundSampler(
+            spark, self.run_id, options.progress_interval_s, self._sampled, self.tracker
+        )
 
     @property
     def elapsed_s(self) -> float:
@@ -163,14 +166,14 @@ class RunObservers:
         replay: set[str],
         conditions: Sequence[Condition],
         resumed_from: int | None = None,
-        resident: Callable[[], Residency] | None = None,
+        resident: bool = False,
     ) -> None:
         """The run starts, at round 0 or after the checkpoint of epoch ``resumed_from``.
 
-        Its ``iteration_started`` event waits until ``flush_start`` (called when the
-        run's resident mode is decided) or the first event after it (the first round's
-        end, or the run's): only the first round's body shows whether its kernels run
-        resident, which ``resident`` then tells.
+        With ``resident`` (the run has a resident policy), its ``iteration_started`` event
+        waits until the tracker's residency is decided, or the first event after it (the
+        first round's end, or the run's): only the first round's body shows whether its
+        kernels run resident.
         """
         if resumed_from is not None:
             self._bar.resume(resumed_from + 1)
@@ -191,10 +194,11 @@ class RunObservers:
                 "parent_run_id": None if self.parent is None else self.parent.run_id,
                 "epoch_path": self.path,
             }
+            tracker = self.tracker
             self._pending_start = lambda: log.iteration_started(
-                **described, resident=(resident() if resident else UNBOUNDED).describe()
+                **described, resident=tracker.residency.describe()
             )
-            if resident is None:  # nothing to wait for
+            if not resident or tracker.decided:  # nothing to wait for
                 self.flush_start()
 
     def flush_start(self) -> None:

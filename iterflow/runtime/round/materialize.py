@@ -24,19 +24,18 @@ from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
 from iterflow.errors import IterflowValueError
-from iterflow.runtime.columnar import combined_on_driver
-from iterflow.runtime.driver_variables import held_frame, held_on_driver
-from iterflow.runtime.jvm import (
+from iterflow.runtime.datacache.columnar import combined_on_driver
+from iterflow.runtime.datacache.driver_variables import held_frame, held_on_driver
+from iterflow.runtime.progresstrack.tracker import RoundTracker
+from iterflow.runtime.spark.jvm import (
     deliver_observations,
     is_classic,
     is_empty,
     is_local,
-    observation_ready,
     release_local_checkpoint,
     set_checkpoint_statistics,
 )
-from iterflow.runtime.round_status import note_rows, note_step
-from iterflow.runtime.schema import has_user_type
+from iterflow.runtime.spark.schema import has_user_type
 
 _names = itertools.count()
 
@@ -46,14 +45,17 @@ def unique_observation(prefix: str) -> Observation:
     return Observation(f"iterflow_{prefix}_{next(_names)}")
 
 
-def step_observation(prefix: str, steps: Iterable[str], *, watched: bool = True) -> Observation:
-    """A fresh observation of the rows of the round's steps ``steps``, noted for progress
-    sampling under the name Spark shows in its plan's ``CollectMetrics`` node.
+def step_observation(
+    prefix: str, steps: Iterable[str], tracker: RoundTracker, *, watched: bool = True
+) -> Observation:
+    """A fresh observation of the rows of the round's steps ``steps``, reported to the
+    run's ``tracker`` for progress sampling under the name Spark shows in its plan's
+    ``CollectMetrics`` node.
 
     ``watched``: the sampler reads its count once Spark delivers it; otherwise the
-    caller notes the count itself (``note_rows``)."""
+    caller reports the count itself (``tracker.rows``)."""
     observation = unique_observation(prefix)
-    note_step(str(observation._name), steps, observation if watched else None)
+    tracker.step(str(observation._name), steps, observation if watched else None)
     return observation
 
 
@@ -61,22 +63,6 @@ def observe_rows(df: DataFrame, observation: Observation, *metrics: Column) -> D
     """``df`` counting its rows (``rows``), and aggregating ``metrics`` (aliased aggregate
     columns), into ``observation`` when Spark evaluates it."""
     return df.observe(observation, F.count(F.lit(1)).alias("rows"), *metrics)
-
-
-def observed_metrics(observation: Observation) -> dict[str, Any] | None:
-    """Every metric ``observation`` holds, or None when Spark never (fully) evaluated it."""
-    if not observation_ready(observation):
-        return None
-    try:
-        return dict(observation.get)
-    except Exception:  # pruned by the optimizer: Spark completes it with an error
-        return None
-
-
-def observed_rows(observation: Observation) -> int | None:
-    """Rows counted by ``observation``, or None when Spark never (fully) evaluated it."""
-    metrics = observed_metrics(observation)
-    return None if metrics is None else int(metrics["rows"])
 
 
 def is_persisted(df: DataFrame) -> bool:
@@ -122,6 +108,7 @@ def materialize(
     criteria: Sequence[DataFrame],
     values: Sequence[DataFrame],
     epoch: int,
+    tracker: RoundTracker,
     on_driver: Collection[int] = (),
     names: Mapping[int, tuple[str, ...]] | None = None,
     metrics: Mapping[int, Sequence[Column]] | None = None,
@@ -134,8 +121,9 @@ def materialize(
     commit them, runs no Spark job. A target with a user-defined type (an ML
     vector), which Arrow does not carry back, is checkpointed all the same.
 
-    ``names`` gives the step names of targets (by ``id()``), for progress sampling:
-    their row counts, live while their jobs run and exact once done.
+    ``names`` gives the step names of targets (by ``id()``), for progress sampling
+    (reported to ``tracker``): their row counts, live while their jobs run and exact
+    once done.
 
     ``metrics`` gives aliased aggregate columns to compute over targets (by ``id()``),
     riding on the job that materializes them; their values are in ``aggregates``.
@@ -161,7 +149,7 @@ def materialize(
         frames: dict[int, DataFrame] = {id(df): df for df in distinct if id(df) in held}
         rows: dict[int, int] = {key: table.num_rows for key, table in held.items()}
         for key, count in rows.items():
-            note_rows(names.get(key, ()), count)
+            tracker.rows(names.get(key, ()), count)
         tables: dict[int, Any] = dict(held)
         seconds: dict[int, float] = {}
         aggregates: dict[int, dict[str, Any]] = {}
@@ -177,7 +165,9 @@ def materialize(
                 rows[id(df)] = table.num_rows
                 tables[id(df)] = table
             else:
-                observation = step_observation("rows", names.get(id(df), ()), watched=False)
+                observation = step_observation(
+                    "rows", names.get(id(df), ()), tracker, watched=False
+                )
                 observed = observe_rows(df, observation, *metrics.get(id(df), ()))
                 frames[id(df)] = observed.localCheckpoint(eager=True)
                 deliver_observations(observed)
@@ -187,7 +177,7 @@ def materialize(
                     aggregates[id(df)] = got
                 set_checkpoint_statistics(frames[id(df)], rows[id(df)])
             seconds[id(df)] = time.perf_counter() - clock
-            note_rows(names.get(id(df), ()), rows[id(df)])
+            tracker.rows(names.get(id(df), ()), rows[id(df)])
         for key in metrics.keys() & tables.keys():  # rows on the driver: a local aggregate
             first = frames[key].agg(*metrics[key]).first()
             aggregates[key] = first.asDict() if first is not None else {}

@@ -11,7 +11,7 @@
   rows are left out until its job ends and counts them exactly.
 - Spark Connect: the client's progress handler (``registerProgressHandler``,
   PySpark 4.0 and later) reports each operation's stages: tasks and bytes read.
-- Resident kernel calls (``iterflow.runtime.resident``) report the partitions their
+- Resident kernel calls (``iterflow.runtime.datacache.resident``) report the partitions their
   tasks have served through the data plane.
 """
 
@@ -20,16 +20,16 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any
 
 import attrs
 from pyspark.sql import SparkSession
 
 from iterflow.progress.sampling import Reading
-from iterflow.runtime.jvm import jvm_iterate, spark_context, status_stores
+from iterflow.runtime.progresstrack.tracker import RoundSteps
+from iterflow.runtime.spark.jvm import jvm_iterate, spark_context, status_stores
 
 #: Operators that output every row they take, and no metric of their own counts them.
 _KEEP_ROWS = frozenset(
@@ -64,48 +64,6 @@ _BOLD = re.compile(r"<b>([^<]*)</b>")
 _LABEL_ROWS = re.compile(r"number of output rows: ([\d,]+)")
 #: How many of the newest SQL executions are searched for the round's running ones.
 _NEWEST_EXECUTIONS = 3
-
-
-@attrs.define
-class RoundSteps:
-    """The named steps of the round running now: which row-count observation stands for
-    which step, and the exact rows of those already counted."""
-
-    observations: dict[str, tuple[str, ...]] = attrs.Factory(dict)
-    counted: dict[str, int] = attrs.Factory(dict)
-    #: ``ctx.observe`` steps not counted yet: their Observation, by step name.
-    pending: dict[str, Any] = attrs.Factory(dict)
-
-
-_STEPS: ContextVar[RoundSteps | None] = ContextVar("iterflow_round_steps", default=None)
-
-
-@contextmanager
-def round_steps(steps: RoundSteps) -> Iterator[RoundSteps]:
-    """Inside, the steps this thread's round defines are noted in ``steps``."""
-    token = _STEPS.set(steps)
-    try:
-        yield steps
-    finally:
-        _STEPS.reset(token)
-
-
-def note_step(observation: str, names: Iterable[str], handle: Any = None) -> None:
-    """The rows observed by ``observation`` are those of the steps ``names``; ``handle``,
-    the Observation itself, when nothing else tells when it is counted."""
-    steps = _STEPS.get()
-    if steps is not None:
-        steps.observations[observation] = tuple(names)
-        if handle is not None:
-            steps.pending.update(dict.fromkeys(names, handle))
-
-
-def note_rows(names: Iterable[str], rows: int) -> None:
-    """The steps ``names`` are done: ``rows`` rows, exactly."""
-    steps = _STEPS.get()
-    if steps is not None:
-        for name in names:
-            steps.counted[name] = rows
 
 
 def round_tag(run_id: str, epoch: int, attempt: int) -> str:

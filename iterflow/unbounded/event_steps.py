@@ -47,11 +47,12 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
-from iterflow.runtime.jvm import await_observations, plan_leaves, release_local_checkpoint
-from iterflow.runtime.materialize import Materialized, observe_rows, observed_metrics
-from iterflow.runtime.materialize import unique_observation as _observation
-from iterflow.runtime.schema import quoted, quoted_name
+from iterflow.errors import IterflowTypeError, IterflowValueError
+from iterflow.runtime.round.materialize import Materialized, observe_rows
+from iterflow.runtime.round.materialize import unique_observation as _observation
+from iterflow.runtime.spark.jvm import await_observations, plan_leaves, release_local_checkpoint
+from iterflow.runtime.spark.observations import observed_metrics
+from iterflow.runtime.spark.schema import quoted, quoted_name
 from iterflow.windows import (
     MIN_US,
     FixedWindows,
@@ -673,12 +674,4 @@ def _merged(rows: DataFrame, keys: list[str]) -> DataFrame:
         numbered.withColumn(WS, F.min(WS).over(merged))
         .withColumn(WE, F.max(WE).over(merged))
         .drop(session)
-    )
-
-
-def outside_unbounded(kind: str) -> IterflowError:
-    """The error of an event-time step in a run that has no event time."""
-    return IterflowError(
-        f"ctx.{kind}() is an event-time step of an UnboundedIteration: bind a streaming "
-        "input with event_time='<column>' (and max_delay=) and start() it"
     )

@@ -1,6 +1,6 @@
 """The data plane of resident rounds: an Arrow Flight server on the driver.
 
-Resident tasks (``iterflow.runtime.resident``) never talk to each other, only to
+Resident tasks (``iterflow.runtime.datacache.resident``) never talk to each other, only to
 the driver: each opens one long-lived ``do_exchange`` stream to this server and
 then trades messages over it, a kernel call from the driver and its outputs from
 the task. A message is one pickled value carried as the Flight stream's

@@ -65,16 +65,16 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
-from iterflow.runtime.columnar import (
+from iterflow.runtime.datacache.columnar import (
     ColumnarData,
     _conform,
     _declared_arrow_schema,
     declared_struct,
     mark_combined,
 )
-from iterflow.runtime.jvm import planned_partitions, spark_context
-from iterflow.runtime.resident import ResidentData, current_round
-from iterflow.runtime.schema import map_in_arrow
+from iterflow.runtime.datacache.resident import ResidentData, current_round
+from iterflow.runtime.spark.jvm import planned_partitions, spark_context
+from iterflow.runtime.spark.schema import map_in_arrow
 
 #: The rows between the steps of a combine: a partition's (or a group's) index and its
 #: pickled accumulator.
@@ -409,7 +409,7 @@ def combine(
     tree of ``depth`` levels, as ``RDD.treeAggregate``, in an order that depends
     only on the partitions, so results are the same on every run and every path.
     ``extract_output``'s columns are taken by position and cast to ``schema``. See
-    ``iterflow.runtime.combine`` for how it runs.
+    ``iterflow.runtime.datacache.combine`` for how it runs.
 
     Example, in a body with a one-row model variable::
 

@@ -38,7 +38,7 @@ import attrs
 from pyspark.sql import DataFrame, SparkSession
 
 from iterflow.errors import IterflowTypeError, IterflowValueError
-from iterflow.runtime.files import files_for
+from iterflow.runtime.spark.files import files_for
 
 FORMATS = ("parquet", "json", "csv", "orc")
 EPOCH_COLUMN = "epoch"

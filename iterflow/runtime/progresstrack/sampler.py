@@ -1,7 +1,7 @@
 """Sampling the progress of the round running now, on a thread of its own.
 
 One sampler per run. While a round runs, every ``interval_s`` it reads the
-round's status (``iterflow.runtime.round_status``: no Spark job) and delivers a
+round's status (``iterflow.runtime.progresstrack.spark_status``: no Spark job) and delivers a
 ``RoundSample``; a round shorter than the interval is never sampled, so fast
 loops pay nothing but a wake-up per round. When the round's work is done the
 loop calls ``finish`` on its own thread: a round that was sampled gets one last
@@ -26,16 +26,10 @@ from pyspark.sql import SparkSession
 from iterflow.errors import gist, warn
 from iterflow.progress.sampling import Reading, RoundGauge
 from iterflow.records import RoundSample
-from iterflow.runtime.jvm import is_classic, observation_ready
-from iterflow.runtime.materialize import observed_rows
-from iterflow.runtime.resident import forget_resident_calls, resident_reading
-from iterflow.runtime.round_status import (
-    ClassicStatus,
-    ConnectStatus,
-    RoundSteps,
-    round_steps,
-    round_tag,
-)
+from iterflow.runtime.progresstrack.spark_status import ClassicStatus, ConnectStatus, round_tag
+from iterflow.runtime.progresstrack.tracker import RoundSteps, RoundTracker
+from iterflow.runtime.spark.jvm import is_classic, observation_ready
+from iterflow.runtime.spark.observations import observed_rows
 
 _SAMPLER = threading.local()
 
@@ -81,8 +75,9 @@ class _Round:
 
 
 class RoundSampler:
-    """Samples the rounds of run ``run_id`` every ``interval_s`` seconds (0: never) and
-    hands the samples to ``deliver``."""
+    """Samples the rounds of run ``run_id`` every ``interval_s`` seconds (0: never), reading
+    Spark's status and what the rounds report to the run's ``tracker``, and hands the
+    samples to ``deliver``."""
 
     def __init__(
         self,
@@ -90,8 +85,10 @@ class RoundSampler:
         run_id: str,
         interval_s: float,
         deliver: Callable[[RoundSample], None],
+        tracker: RoundTracker,
     ) -> None:
         self.run_id = run_id
+        self.tracker = tracker
         self.interval_s = interval_s
         self.deliver = deliver
         self._source: StatusSource | None = None
@@ -110,24 +107,23 @@ class RoundSampler:
     def round(self, epoch: int, path: tuple[int, ...]) -> Iterator[None]:
         """Round ``epoch`` (epoch path ``path``) runs inside: its jobs are tagged and its
         named steps noted, and it is sampled until ``finish`` or the end of the block."""
+        steps = self.tracker.begin(epoch)  # nothing of an earlier attempt of this epoch
         source = self._source
         if source is None or self._disabled:
             yield
             return
         tasks, seconds = self._expected
         self._attempts += 1
-        forget_resident_calls(self.run_id)  # those of an earlier attempt of this epoch
         current = _Round(
             epoch=epoch,
             tag=round_tag(self.run_id, epoch, self._attempts),
             run_id=self.run_id,
-            steps=RoundSteps(),
+            steps=steps,
             gauge=RoundGauge(epoch, path, expected_tasks=tasks, expected_s=seconds),
             clock=time.perf_counter(),
         )
         with ExitStack() as stack:
             stack.enter_context(source.tagged(current.tag))
-            stack.enter_context(round_steps(current.steps))
             self._start(current)
             try:
                 yield
@@ -176,12 +172,9 @@ class RoundSampler:
             self._changed.notify_all()
         if self._thread is not None:
             self._thread.join()
-        try:
-            closing = getattr(self._source, "close", None)
-            if closing is not None:
-                closing()
-        finally:
-            forget_resident_calls(self.run_id)
+        closing = getattr(self._source, "close", None)
+        if closing is not None:
+            closing()
 
     # -- the thread ------------------------------------------------------------------
 
@@ -214,7 +207,7 @@ class RoundSampler:
                     steps.counted[name] = rows
                 del steps.pending[name]
         reading = self._source.read(current.tag, steps)
-        resident = resident_reading(current.run_id, current.gauge.epoch)
+        resident = self.tracker.kernel_reading()
         current.gauge.counted = dict(steps.counted)
         return reading if resident is None else reading.plus(resident)
 

@@ -31,15 +31,15 @@ from iterflow.errors import IterflowError, RoundError
 from iterflow.metrics.values import MetricResult
 from iterflow.progress.listeners import Emitter, IterationEnd, ListenerSet, RoundEnd
 from iterflow.records import RoundProgress, Termination
-from iterflow.runtime.checkpoint import DriverState
-from iterflow.runtime.declaration import DeclarationCheck, RoundPlan
-from iterflow.runtime.driver_variables import DriverVariables
-from iterflow.runtime.event_steps import EpochSteps
-from iterflow.runtime.materialize import Materialized, materialize, persist_owned, release
-from iterflow.runtime.round_context import CacheRegistry, SparkRoundScope
-from iterflow.runtime.round_sampler import SampleDeliveryError, delivery_failed
-from iterflow.runtime.run_observers import RunObservers, enclosing_round
-from iterflow.runtime.sinks import Sink
+from iterflow.runtime.checkpoint.format import DriverState
+from iterflow.runtime.checkpoint.output_sinks import Sink
+from iterflow.runtime.datacache.driver_variables import DriverVariables
+from iterflow.runtime.progresstrack.observers import RunObservers, enclosing_round
+from iterflow.runtime.progresstrack.sampler import SampleDeliveryError, delivery_failed
+from iterflow.runtime.progresstrack.tracker import RoundTracker
+from iterflow.runtime.round.declaration import DeclarationCheck, RoundPlan
+from iterflow.runtime.round.materialize import Materialized, materialize, persist_owned, release
+from iterflow.runtime.round.scope import CacheRegistry, EventTimeSteps, SparkRoundScope
 from iterflow.termination import Condition
 
 
@@ -136,12 +136,14 @@ def evaluate_round(
     ctx: RoundContext,
     check: DeclarationCheck,
     plan_of: Callable[[Any], RoundPlan],
+    tracker: RoundTracker,
     on_driver: Collection[str] = (),
     extras: Extras | None = None,
 ) -> EvaluatedRound:
     """Call ``body`` for round ``ctx.epoch``, check its Declaration with ``plan_of``, and
     materialize its feedback, outputs, criteria and convergence values (the feedback of
-    the variables named in ``on_driver`` as rows on the driver).
+    the variables named in ``on_driver`` as rows on the driver), reporting its steps to
+    the run's ``tracker``.
 
     ``extras``, given the round's feedback, names more DataFrames to materialize with
     the round (event-time steps' state) and aggregates to compute on the same jobs."""
@@ -159,6 +161,7 @@ def evaluate_round(
             criteria=[c.criteria for c in plan.criteria],
             values=[c.value for c in plan.convergence if not callable(c.value)],
             epoch=epoch,
+            tracker=tracker,
             on_driver={id(df) for name, df in feedback.items() if name in on_driver},
             names=_step_names({**outputs, **feedback}),
             metrics=metrics,
@@ -283,7 +286,7 @@ class RoundCycle:
         inputs: Mapping[str, DataFrame],
         plan_of: Callable[[Any], RoundPlan],
         candidates: Collection[str],
-        events: EpochSteps | None = None,
+        events: EventTimeSteps | None = None,
         extras: Extras | None = None,
     ) -> Round:
         """Call ``body`` for round ``epoch`` and materialize its Declaration; the feedback of
@@ -291,11 +294,14 @@ class RoundCycle:
         backs the round's event-time steps; ``extras`` as in ``evaluate_round``."""
         started_at = datetime.now(timezone.utc)
         clock = time.perf_counter()
-        scope = SparkRoundScope(epoch, self.caches, events)
+        tracker = self.loop.observers.tracker
+        scope = SparkRoundScope(epoch, self.caches, tracker, events)
         ctx = RoundContext(epoch, self.loop.state, scope)
         calls = self.caches.resident_calls
         small = self.variables.small(candidates)
-        evaluated = evaluate_round(body, inputs, ctx, self.loop.check, plan_of, small, extras)
+        evaluated = evaluate_round(
+            body, inputs, ctx, self.loop.check, plan_of, tracker, small, extras
+        )
         self.held.extend(evaluated.produced)  # released with the rest if this round fails
         self.variables.rows = {name: evaluated.rows[name] for name in evaluated.variables}
         self.variables.tables = evaluated.tables

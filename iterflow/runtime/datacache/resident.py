@@ -1,0 +1,462 @@
+"""Resident rounds: data kept in the memory of long-running Spark tasks.
+
+``RoundContext.columnar(df)`` makes ``df`` resident where it can: one Spark job
+(the *resident job*) starts a few long-running tasks; each reads its share of the
+partitions of ``df`` once, straight from the DataFrame (no files, no shared
+storage), runs ``prepare`` on every partition and keeps the tables. From then on
+every ``map(kernel, ...)`` is a message, not a Spark job: the driver pickles the
+kernel and its arguments, sends them to every resident task over the data plane
+(``iterflow.runtime.datacache.dataplane``), and the tasks send back the kernels' outputs,
+numbered by partition, plus the metric updates the kernels made. The driver then
+combines the outputs in partition order, as the per-round-job path does, so the
+results are the same to the bit::
+
+    driver (round loop, listeners, checkpoints)        executors
+    +----------------------------------------+        +-------------------------+
+    | ResidentData.map(kernel, args)         |  call  | resident task 0         |
+    |   -> data plane (Arrow Flight, secret) | -----> |   partitions 0, 2 held  |
+    |   <- outputs + metric updates          | <----- |   kernel(table, *args)  |
+    | combine in partition order             |        | resident task 1 ...     |
+    +----------------------------------------+        +-------------------------+
+
+The driver stays in charge: rounds, termination, listeners, metrics and
+checkpoints are the loop's, and the tasks do nothing unless asked. They end when
+the run ends, fails or is interrupted: closing their streams ends them, and the
+resident job's group is cancelled besides.
+
+Slots and memory: resident tasks hold their task slots and their memory for the
+whole run, while a round may also run ordinary Spark jobs (DataFrame steps,
+observations, checkpoint writes). The driver keeps one ledger per SparkContext
+(``iterflow.runtime.datacache.ledger``): the resident tasks of every run together,
+nested and concurrent runs included, take at most half the task slots (one task on
+``local[2]``, four on ``local[8]``; with fewer than two slots nothing is made
+resident), and hold at most ``spark.iterflow.resident.maxBytesPerExecutor`` bytes on
+an executor (``executor_budget``). A loading task reserves its bytes with the driver
+before it keeps them, so data is resident whole or not at all. A resident task runs
+the kernels of its partitions one after another.
+
+Failures: when a resident task is lost (its Python worker killed, its executor
+gone) the call in progress is abandoned, the resident job is relaunched (its
+tasks load their partitions again) and the call is sent again; the metric updates
+of the abandoned call are dropped, as Spark drops those of failed task attempts.
+An exception raised by a kernel fails the round instead.
+
+``spark.iterflow.resident`` = ``auto`` (default) | ``on`` | ``off`` chooses; under
+``auto`` a data set that cannot be resident is written as Arrow files and read by a
+Spark job per round (``ColumnarData``), with the reason in the event log.
+"""
+
+from __future__ import annotations
+
+import pickle
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import pyarrow as pa
+from pyspark import InheritableThread, SparkContext
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError, gist
+from iterflow.metrics._spark import BRIDGE, ROUND_PROPERTY
+from iterflow.runtime.datacache.columnar import (
+    FILE_COLUMN,
+    Combine,
+    Kernel,
+    KernelCall,
+    Prepare,
+    _conform,
+    _declared_arrow_schema,
+    declared_struct,
+    in_file_order,
+)
+from iterflow.runtime.datacache.dataplane import Channel, DataPlane
+from iterflow.runtime.datacache.driver_variables import held_frame
+from iterflow.runtime.datacache.ledger import ResidentBudget, return_slots
+from iterflow.runtime.datacache.resident_task import CONNECT_TIMEOUT_S, PARTITION_COLUMN, task_main
+from iterflow.runtime.progresstrack.tracker import RoundTracker
+from iterflow.runtime.spark.schema import map_in_arrow
+
+#: How long the driver waits for every resident task of a job to start.
+START_TIMEOUT_S = 60.0
+#: Relaunches of the resident job within one kernel call before the round fails.
+RELAUNCHES = 3
+
+
+class ResidentUnavailable(Exception):
+    """Data cannot be made resident here; the message says why."""
+
+
+class ResidentTaskLost(Exception):
+    """A resident task went away in the middle of a call."""
+
+
+class KernelError(RuntimeError):
+    """A kernel raised inside a resident task; the message carries the task's traceback."""
+
+
+def current_round(context: SparkContext) -> tuple[str, int]:
+    """The run and epoch the driver's round loop tagged this thread's jobs with."""
+    token = context.getLocalProperty(ROUND_PROPERTY)
+    if token is None:
+        return "", -1
+    run_id, epoch = token.rsplit(":", 1)
+    return run_id, int(epoch)
+
+
+_CLOSE = object()
+
+
+@attrs.define
+class _Stream:
+    """The driver's end of one resident task's stream, served on a data-plane thread."""
+
+    task: int
+    pid: int
+    host: str
+    executor: str
+    #: Bytes the task reserved in the application's ledger, given back when it ends.
+    reserved: int = 0
+    outbox: queue.Queue[Any] = attrs.field(factory=queue.Queue)
+
+
+class ResidentData:
+    """A DataFrame held by resident tasks; ``map`` runs kernels on it without a Spark job.
+
+    Made by ``ResidentPolicy.load`` (behind ``RoundContext.columnar``); released
+    with the iteration. Its ``map`` has ``ColumnarData.map``'s signature and
+    results, computed at once: the result is a local DataFrame over the rows the
+    tasks sent back.
+    """
+
+    def __init__(
+        self,
+        plane: DataPlane,
+        df: DataFrame,
+        prepare: Prepare | None,
+        partitions: int,
+        tasks: int,
+        budget: ResidentBudget,
+        tracker: RoundTracker,
+    ) -> None:
+        self.spark = df.sparkSession
+        self.tracker = tracker  # the run's: kernel calls report their progress to it
+        self.context: SparkContext = self.spark.sparkContext
+        self.plane = plane
+        self.partitions = partitions
+        self.tasks = tasks  # slots taken from the application's ledger, given back on release
+        self.budget = budget
+        self.job = uuid.uuid4().hex[:12]
+        self.rows = 0
+        self.calls = 0  # kernel calls answered, for the rounds' ``resident`` flag
+        self.launches = 0
+        self._prepare = prepare
+        self._schema = _declared_arrow_schema(self.spark, df.schema)
+        self._input = df.withColumn(PARTITION_COLUMN, F.spark_partition_id()).coalesce(self.tasks)
+        self._arrivals: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._streams: dict[int, _Stream] = {}
+        self._generation = 0
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._calling = threading.Lock()
+        self._held: dict[int, list[int]] = {}  # each task's partitions
+        #: Where the tasks' reports of the call in flight go (the run's tracker).
+        self._progress: Callable[[int, int], None] | None = None
+        self._released = False
+        plane.register(self.job, self._serve_stream)
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Launch the resident job and wait until every task holds its partitions.
+
+        Raises ``ResidentUnavailable`` when the tasks cannot start, reach the
+        driver or hold the data.
+        """
+        self._launch()
+        ready: dict[int, dict[str, Any]] = {}
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while len(ready) < self.tasks:
+            left = deadline - time.monotonic()
+            if left <= 0 and len(self._streams) < self.tasks:
+                raise ResidentUnavailable(
+                    f"only {len(self._streams)} of {self.tasks} resident task(s) started within "
+                    f"{START_TIMEOUT_S:.0f} s: fewer free task slots than resident tasks, or "
+                    "Spark stages before them (a shuffle of the data) took longer than that"
+                )
+            kind, task, value = self._next(max(left, 0.05) if left > 0 else 1.0)
+            if kind == "ready":
+                if "error" in value:
+                    raise ResidentUnavailable(
+                        f"prepare failed in a resident task: {value['error']}"
+                    )
+                if "refused" in value:
+                    raise ResidentUnavailable(value["refused"])
+                ready[task] = value
+            elif kind == "lost":
+                raise ResidentTaskLost(f"resident task {task} was lost while loading: {value}")
+        held = {part for r in ready.values() for part in r["rows"]}
+        empty = [part for part in range(self.partitions) if part not in held]
+        replies = self._exchange(lambda task: pickle.dumps({"adopt": empty if task == 0 else []}))
+        self.rows = sum(n for reply in replies for n in reply["rows"].values())
+        with self._lock:
+            tasks = sorted(self._streams)
+        self._held = {task: list(reply["rows"]) for task, reply in zip(tasks, replies, strict=True)}
+
+    def _launch(self) -> None:
+        self._generation += 1
+        self.launches += 1
+        self._streams = {}
+        generation = self._generation
+        function = task_main(
+            self.plane.credentials, self.job, generation, self._prepare, self._schema
+        )
+        mapped = map_in_arrow(self._input, function, "task INT, unreachable STRING")
+        group = f"iterflow-resident-{self.job}-{generation}"
+        context = self.context
+
+        def run() -> None:
+            # Not one of the launching round's jobs: its tasks outlive the round.
+            context.clearJobTags()
+            context.setJobGroup(
+                group, f"iterflow resident tasks ({self.tasks})", interruptOnCancel=True
+            )
+            try:
+                rows = mapped.collect()
+            except BaseException as error:
+                self._arrivals.put(("ended", generation, -1, error))
+            else:
+                self._arrivals.put(("ended", generation, -1, rows))
+
+        self._group = group
+        self._thread = InheritableThread(target=run, daemon=True)
+        self._thread.start()
+
+    def _serve_stream(self, hello: dict[str, Any], channel: Channel) -> None:
+        """Serve one task's stream (on a data-plane thread) until it is closed."""
+        generation, task = hello["generation"], hello["task"]
+        with self._lock:
+            if generation != self._generation:
+                return  # a task of a relaunched job's earlier launch
+            if task in self._streams:
+                # Spark retried a lost task: its partitions' state (the empty ones it
+                # adopted) is gone with it, so the whole job is launched again.
+                self._arrivals.put(("lost", generation, task, "Spark retried it"))
+                return
+            stream = _Stream(task, hello["pid"], hello["host"], hello["executor"])
+            self._streams[task] = stream
+        try:
+            message: Any = channel.receive()  # ready: the task holds its partitions
+            while True:
+                if message is None:
+                    raise ResidentTaskLost("its stream closed")
+                if "reserve" in message:  # bytes a loading task asks for before keeping them
+                    channel.send(self._reserve(stream, generation, message["reserve"]))
+                    message = channel.receive()
+                    continue
+                if "progress" in message:  # partitions done so far in the call in flight
+                    self._progressed(task, message["progress"])
+                    message = channel.receive()
+                    continue
+                kind = "ready" if "bytes" in message else "reply"
+                self._arrivals.put((kind, generation, task, message))
+                outgoing = stream.outbox.get()
+                if outgoing is _CLOSE:
+                    return
+                channel.send(None, payload=outgoing)
+                message = channel.receive()
+        except Exception as error:
+            self._arrivals.put(("lost", generation, task, error))
+
+    def _next(self, timeout: float) -> tuple[str, int, Any]:
+        """The next event of the current launch: (kind, task, value); raises when it ended."""
+        while True:
+            try:
+                event = self._arrivals.get(timeout=timeout)
+            except queue.Empty:
+                return "wait", -1, None
+            kind, generation = event[0], event[1]
+            if generation != self._generation:
+                continue
+            if kind == "ended":
+                self._ended(event[3])
+                continue
+            return kind, event[2], event[3]
+
+    def _ended(self, outcome: Any) -> None:
+        """The resident job ended while the driver still needed it."""
+        if isinstance(outcome, BaseException):
+            raise ResidentTaskLost(f"the resident job failed: {gist(outcome)}")
+        unreachable = [row["unreachable"] for row in outcome if row["unreachable"]]
+        if unreachable:
+            raise ResidentUnavailable(
+                f"the executors cannot reach the driver's data plane at {unreachable[0]} "
+                f"within {CONNECT_TIMEOUT_S:.0f} s"
+            )
+        raise ResidentTaskLost("the resident job ended")
+
+    def _exchange(self, message: bytes | Callable[[int], bytes]) -> list[dict[str, Any]]:
+        """Send every task its pickled message (one for all, pickled once, or one per task);
+        their replies, in task order."""
+        with self._lock:
+            streams = dict(self._streams)
+        for task, stream in streams.items():
+            stream.outbox.put(message if isinstance(message, bytes) else message(task))
+        replies: dict[int, dict[str, Any]] = {}
+        while len(replies) < self.tasks:
+            kind, task, value = self._next(1.0)
+            if kind == "reply":
+                replies[task] = value
+            elif kind == "lost":
+                raise ResidentTaskLost(f"resident task {task} was lost: {value}")
+        return [replies[task] for task in sorted(replies)]
+
+    def stop(self, wait_s: float = 30.0, cancel: bool = False) -> None:
+        """End the current launch: close its streams and wait for its job to end, cancelling
+        it (at once with ``cancel``, as after a lost task) when it does not end by itself."""
+        with self._lock:
+            self._generation += 1  # nothing of the old launch is heeded any more
+            streams, self._streams = list(self._streams.values()), {}
+            for stream in streams:
+                self.budget.release(stream.executor, stream.reserved)
+                stream.reserved = 0
+        for stream in streams:
+            stream.outbox.put(_CLOSE)
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            thread.join(timeout=0 if cancel else min(wait_s, 5.0))
+            if thread.is_alive():
+                self.context.cancelJobGroup(self._group)
+                thread.join(timeout=wait_s)
+        self._thread = None
+
+    def release(self) -> None:
+        """End the resident job for good (driver side), and give back its slots."""
+        self.stop()
+        self.plane.unregister(self.job)
+        if not self._released:
+            self._released = True
+            return_slots(self.budget.app, self.tasks)
+
+    def _reserve(self, stream: _Stream, generation: int, count: int) -> dict[str, Any]:
+        """The driver's answer to a loading task asking for ``count`` more bytes."""
+        with self._lock:
+            if generation != self._generation:
+                return {"refused": "the resident job was stopped"}
+            refused = self.budget.reserve(stream.executor, count)
+            if refused is None:
+                stream.reserved += count
+                return {"granted": count}
+        return {"refused": refused}
+
+    def executors(self) -> set[str]:
+        """The executors the current launch's resident tasks run on."""
+        with self._lock:
+            return {stream.executor for stream in self._streams.values()}
+
+    def tasks_alive(self) -> dict[int, tuple[str, int]]:
+        """Each resident task's (host, Python process id) in the current launch."""
+        with self._lock:
+            return {task: (s.host, s.pid) for task, s in self._streams.items()}
+
+    # -- kernels --------------------------------------------------------------
+
+    def map(
+        self,
+        kernel: Kernel,
+        schema: StructType | str,
+        *args: Any,
+        indexed: bool = False,
+        combine: Combine | None = None,
+        combine_schema: StructType | str | None = None,
+        rows: DataFrame | None = None,
+        by: str | None = None,
+    ) -> DataFrame:
+        """``ColumnarData.map`` on the resident partitions: the kernels run in the resident
+        tasks now, and the result is a local DataFrame over what they returned (combined
+        on the driver with ``combine``, in partition order)."""
+        if rows is not None or by is not None:
+            raise IterflowValueError(
+                "map(rows=...) reads the data's files in the rows' own tasks, and this data is "
+                "resident in long-running tasks instead: make it with "
+                "ctx.columnar(df, prepare, resident=False)"
+            )
+        from pyspark import cloudpickle
+
+        if combine is not None and combine_schema is None:
+            raise IterflowTypeError("map(combine=...) needs combine_schema= as well")
+        declared = _declared_arrow_schema(self.spark, schema)
+        run_id, epoch = current_round(self.context)
+        call = KernelCall(kernel, args, indexed, declared, numbered=True)
+        payload = cloudpickle.dumps({"kernel": call, "run_id": run_id, "epoch": epoch})
+        replies = self._call(payload)
+        for reply in replies:
+            BRIDGE.merge(reply["metrics"])
+        batches = [batch for reply in replies for batch in reply["outputs"]]
+        if combine is not None:
+            target = _declared_arrow_schema(self.spark, combine_schema)  # type: ignore[arg-type]
+            combined = in_file_order(combine)(iter(batches))
+            table = _table([_conform(b, target) for b in combined], target)
+            out_schema: StructType | str = combine_schema  # type: ignore[assignment]
+        else:
+            numbered = _table(batches, declared.append(pa.field(FILE_COLUMN, pa.int32())))
+            table = numbered.sort_by(FILE_COLUMN).drop_columns(FILE_COLUMN)
+            out_schema = schema
+        self.calls += 1
+        return held_frame(self.spark, table, declared_struct(self.spark, out_schema))
+
+    def _progressed(self, task: int, done: int) -> None:
+        """A resident task says it has served ``done`` partitions of the call in flight."""
+        progressed = self._progress
+        if progressed is not None:
+            progressed(task, done)
+
+    def _call(self, payload: bytes) -> list[dict[str, Any]]:
+        """Send one kernel call to every resident task; relaunch the job and send it again
+        when a task is lost on the way, or while reloading (``RELAUNCHES`` times at most).
+        One call at a time: the replies carry no call of their own."""
+        held = {task: len(parts) for task, parts in self._held.items()}
+        with self._calling, self.tracker.kernel_call(self.partitions, held) as progressed:
+            self._progress = progressed
+            try:
+                return self._relaunching(payload)
+            finally:
+                self._progress = None
+
+    def _relaunching(self, payload: bytes) -> list[dict[str, Any]]:
+        """``_call``'s exchange, relaunching the resident job when a task is lost."""
+        lost: Exception | None = None
+        for _attempt in range(RELAUNCHES + 1):
+            try:
+                if lost is not None:
+                    self.stop(cancel=True)
+                    self.start()
+                replies = self._exchange(payload)
+            except (ResidentTaskLost, ResidentUnavailable) as error:
+                lost = error
+                continue
+            failed = [reply for reply in replies if "error" in reply]
+            if failed:
+                raise KernelError(f"{failed[0]['error']}\n{failed[0]['trace']}")
+            return replies
+        self.stop(cancel=True)
+        raise IterflowError(
+            f"resident tasks were lost {RELAUNCHES + 1} times in one kernel call "
+            f"(last: {lost}); set spark.iterflow.resident=off to run kernels as Spark jobs"
+        ) from lost
+
+    def __repr__(self) -> str:
+        return (
+            f"ResidentData({self.rows} rows in {self.partitions} partitions "
+            f"held by {self.tasks} task(s))"
+        )
+
+
+def _table(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_batches(batches) if batches else schema.empty_table()
