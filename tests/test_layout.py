@@ -236,3 +236,44 @@ def test_the_table_has_no_cycle_between_parts() -> None:
         return False
 
     assert [p for p in ALLOWED if reaches(p, p, set())] == []
+
+
+def _module_imports(module: str) -> set[str]:
+    """The iterflow modules ``module`` imports (anywhere in it, functions included), with
+    ``from package import module`` read as the module."""
+    found = set()
+    for name in imported_modules(module):
+        if name in MODULES:
+            found.add(name)
+    path = PACKAGE.parent / (module.replace(".", "/") + ".py")
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.update(
+                f"{node.module}.{alias.name}"
+                for alias in node.names
+                if f"{node.module}.{alias.name}" in MODULES
+            )
+    found.discard(module)
+    return {m for m in found if not m.endswith(".__init__")}
+
+
+def test_no_import_cycle_between_files() -> None:
+    """No chain of imports leads from a module back to itself (packages' ``__init__``
+    re-exports aside): each file can be read knowing only the files below it."""
+    graph = {m: _module_imports(m) for m in MODULES}
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for nxt in sorted(graph.get(module, ())):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join([*path[path.index(nxt) :], nxt]))
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[module] = 2
+
+    for module in MODULES:
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []

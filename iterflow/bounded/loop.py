@@ -71,7 +71,15 @@ class RoundLoop:
         )
         residency = ResidentPolicy(spark, observers.tracker)
         self.cycle = RoundCycle(self.loop, CacheRegistry(residency), driver_rows, in_spark)
-        self.recovery = Recovery(self)
+        self.recovery = Recovery(
+            spark=spark,
+            cycle=self.cycle,
+            checkpointing=checkpointing,
+            conditions=self.conditions,
+            replay=replay,
+            sinks=self.sinks,
+            data_inputs=self.data_inputs,
+        )
 
     def run(self) -> IterationResult:
         observers = self.loop.observers
@@ -95,7 +103,7 @@ class RoundLoop:
                     return finished
                 observers.metrics.restore(restored.driver.metrics)
             if restored is None:
-                self.discard_sinks_after(-1)  # a fresh start: what the sinks hold is stale
+                self.recovery.discard_sinks_after(-1)  # a fresh start: the sinks hold stale rows
                 current = dict(self.inputs)
             else:
                 current = self.recovery.resume(restored)
@@ -245,11 +253,6 @@ class RoundLoop:
             resumed_from=resumed_from,
             rollbacks=list(self.recovery.rollbacks),
         )
-
-    def discard_sinks_after(self, epoch: int) -> None:
-        """Delete what the sinks hold of the epochs after ``epoch``: they run (again) now."""
-        for sink in self.sinks.values():
-            sink.discard_after(self.spark, epoch)
 
     def data_inputs(self) -> dict[str, DataFrame]:
         variables = self.loop.check.variable_names or ()

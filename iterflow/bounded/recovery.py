@@ -11,31 +11,50 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 
 from iterflow.bounded.result import IterationResult
 from iterflow.errors import IterflowError, IterflowValueError, RoundError, warn
 from iterflow.records import Rollback, describe_loss, executors_lost
 from iterflow.runtime.checkpoint.format import Checkpoint
+from iterflow.runtime.checkpoint.output_sinks import Sink
+from iterflow.runtime.checkpoint.writer import Checkpointing
 from iterflow.runtime.progresstrack.observers import enclosing_round
+from iterflow.runtime.round.cycle import RoundCycle
 from iterflow.runtime.spark.jvm import removed_executors
-from iterflow.termination import max_rounds_of
-
-if TYPE_CHECKING:
-    from iterflow.bounded.loop import RoundLoop
+from iterflow.termination import Condition, max_rounds_of
 
 #: Rollbacks to a durable checkpoint one run may make before it gives up.
 MAX_ROLLBACKS = 3
 
 
 class Recovery:
-    """Restores and rolls back the rounds of one ``RoundLoop``."""
+    """Restores and rolls back the rounds of one bounded run: its round ``cycle``, its
+    ``checkpointing`` (None: none), its static ``conditions``, the inputs bound with
+    ``replay``, its output ``sinks``, and ``data_inputs`` (its inputs without feedback)."""
 
-    def __init__(self, owner: RoundLoop) -> None:
-        self.owner = owner
+    def __init__(
+        self,
+        *,
+        spark: SparkSession,
+        cycle: RoundCycle,
+        checkpointing: Checkpointing | None,
+        conditions: Sequence[Condition],
+        replay: set[str],
+        sinks: Mapping[str, Sink],
+        data_inputs: Callable[[], dict[str, DataFrame]],
+    ) -> None:
+        self.spark = spark
+        self.cycle = cycle
+        self.loop = cycle.loop
+        self.checkpointing = checkpointing
+        self.conditions = conditions
+        self.replay = replay
+        self.sinks = sinks
+        self.data_inputs = data_inputs
         #: The rollbacks of this run() so far.
         self.rollbacks: list[Rollback] = []
         #: When this run() started, in ms since the epoch (executors removed before it
@@ -48,7 +67,7 @@ class Recovery:
         if not checkpoint.final or self._extends(checkpoint):
             self._check_reachable(checkpoint)
             return None
-        loop = self.owner.loop
+        loop = self.loop
         driver = checkpoint.driver
         loop.listeners.load_state(driver.listeners)
         loop.observers.metrics.restore(driver.metrics)
@@ -65,19 +84,22 @@ class Recovery:
 
     def resume(self, checkpoint: Checkpoint) -> dict[str, DataFrame]:
         """Restore the driver state of ``checkpoint``; the inputs of its next round."""
-        owner = self.owner
-        owner.discard_sinks_after(checkpoint.epoch)
-        owner.cycle.first_epoch = checkpoint.epoch + 1
-        owner.loop.load(checkpoint.driver)
-        check = owner.loop.check
+        self.discard_sinks_after(checkpoint.epoch)
+        self.cycle.first_epoch = checkpoint.epoch + 1
+        self.loop.load(checkpoint.driver)
+        check = self.loop.check
         variables = {n: check.aligned(n, df) for n, df in checkpoint.variables.items()}
-        return {**owner.data_inputs(), **variables}
+        return {**self.data_inputs(), **variables}
+
+    def discard_sinks_after(self, epoch: int) -> None:
+        """Delete what the sinks hold of the epochs after ``epoch``: they run (again) now."""
+        for sink in self.sinks.values():
+            sink.discard_after(self.spark, epoch)
 
     def roll_back(self, epoch: int, error: RoundError) -> dict[str, DataFrame]:
         """Round ``epoch`` lost a local checkpoint block, which Spark cannot recompute:
         continue from the last durable checkpoint (its next round's inputs), or fail
         with the remedy."""
-        owner = self.owner
         blocks, executors = self._loss(error)
         gone = f"{describe_loss(blocks, [])} of the previous round's local checkpoint"
         gone += " are gone" if len(blocks) > 1 else " is gone"
@@ -91,7 +113,7 @@ class Recovery:
             "keep executors that hold cached data "
             "(spark.dynamicAllocation.cachedExecutorIdleTimeout)"
         )
-        checkpointing = owner.checkpointing
+        checkpointing = self.checkpointing
         if checkpointing is None and enclosing_round() is not None:
             # A nested run takes no checkpoints: the outer run rolls back to its own.
             raise error
@@ -125,10 +147,10 @@ class Recovery:
             f"running again from epoch {checkpoint.epoch + 1} "
             f"({rollback.rounds_recomputed} completed round(s) recomputed)"
         )
-        owner.loop.observers.rolled_back(rollback)
-        owner.cycle.drop_rounds()
+        self.loop.observers.rolled_back(rollback)
+        self.cycle.drop_rounds()
         current = self.resume(checkpoint)
-        owner.cycle.own_inputs(current, skip=owner.replay)
+        self.cycle.own_inputs(current, skip=self.replay)
         return current
 
     def _loss(self, error: BaseException) -> tuple[list[str], list[str]]:
@@ -136,14 +158,14 @@ class Recovery:
         started (each described by id, address and Spark's reason)."""
         text = f"{error} {error.__cause__}"
         blocks = list(dict.fromkeys(re.findall(r"\brdd_\d+_\d+\b", text)))
-        executors = removed_executors(self.owner.spark, self._started_ms) or []
+        executors = removed_executors(self.spark, self._started_ms) or []
         return blocks, executors
 
     def _check_reachable(self, checkpoint: Checkpoint) -> None:
         """A run cannot resume past a static max_rounds it has already passed."""
-        bound = max_rounds_of(self.owner.conditions)
+        bound = max_rounds_of(self.conditions)
         if not checkpoint.final and bound is not None and bound <= checkpoint.epoch + 1:
-            root = self.owner.checkpointing.store.root  # type: ignore[union-attr]
+            root = self.checkpointing.store.root  # type: ignore[union-attr]
             raise IterflowValueError(
                 f"the checkpoint in '{root}' is at epoch "
                 f"{checkpoint.epoch}, but max_rounds({bound}) ends the iteration at or "
@@ -154,7 +176,7 @@ class Recovery:
     def _extends(self, checkpoint: Checkpoint) -> bool:
         """True when a finished checkpoint continues: it stopped on max_rounds only, and
         the static max_rounds is larger now ("train 100 more rounds")."""
-        bound = max_rounds_of(self.owner.conditions)
+        bound = max_rounds_of(self.conditions)
         return (
             tuple(checkpoint.driver.termination.reasons) == ("max_rounds",)
             and bound is not None

@@ -24,26 +24,26 @@ import math
 import threading
 import time
 import warnings
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
 from pyspark import InheritableThread
+from pyspark.sql import DataFrame
 
 from iterflow.errors import IterflowWarning
 from iterflow.unbounded import epoch_log
-from iterflow.unbounded.epoch_log import Committed, Snapshot
-
-if TYPE_CHECKING:
-    from iterflow.unbounded.epochs import EpochLoop
+from iterflow.unbounded.epoch_log import Committed, EpochLog, Snapshot
 
 #: Spark's setting for how many micro-batches of offsets and commits it keeps.
 RETAINED_BATCHES_CONF = "spark.sql.streaming.minBatchesToRetain"
 
 
 class Committer:
-    """Writes the commits of one ``EpochLoop``, on its thread (``interval_s`` None) or on a
-    background thread at most every ``interval_s`` seconds, one in flight at a time."""
+    """Writes the commits of one unbounded run to its epoch ``log``, on the loop's thread
+    (``interval_s`` None) or on a background thread at most every ``interval_s`` seconds,
+    one in flight at a time."""
 
-    def __init__(self, *, interval_s: float | None, max_batches_behind: int) -> None:
+    def __init__(self, log: EpochLog, *, interval_s: float | None, max_batches_behind: int) -> None:
+        self.log = log
         self.interval_s = interval_s
         self.max_batches_behind = max_batches_behind
         #: The last commit written whole; the background thread replaces it.
@@ -61,27 +61,28 @@ class Committer:
         """A commit is being written in the background."""
         return self._thread is not None
 
-    def commit(self, loop: EpochLoop) -> None:
-        """At an epoch boundary: commit what the epochs since the last commit left; off the
-        loop's path, hand a snapshot over when one is due."""
+    def commit(self, epoch: int, batch_id: int, pending: Mapping[str, DataFrame]) -> None:
+        """At the boundary after ``epoch`` (micro-batch ``batch_id``, variables ``pending``):
+        commit what the epochs since the last commit left; off the loop's path, hand a
+        snapshot over when one is due."""
         self.raise_failure()
-        if loop.epoch in (self.committed.epoch, self._taken_epoch):
+        if epoch in (self.committed.epoch, self._taken_epoch):
             return
         if self.interval_s is None:
-            self._write_here(loop)
+            self._write_here(epoch, batch_id, pending)
             return
-        behind = loop.batch_id - self.committed.batch_id >= self.max_batches_behind
+        behind = batch_id - self.committed.batch_id >= self.max_batches_behind
         if not behind and time.monotonic() - self._handed_at < self.interval_s:
             return
-        self._hand(loop, epoch_log.take(loop))
+        self._hand(epoch_log.take(self.log, epoch, batch_id, pending))
         if behind:
             self.wait()
 
-    def flush(self, loop: EpochLoop) -> None:
+    def flush(self, epoch: int, batch_id: int, pending: Mapping[str, DataFrame]) -> None:
         """Write every snapshot handed over, then commit the last epoch run, on this thread."""
         self.wait()
-        if loop.epoch != self.committed.epoch:
-            self._write_here(loop)
+        if epoch != self.committed.epoch:
+            self._write_here(epoch, batch_id, pending)
 
     def wait(self) -> None:
         """Block until no commit is in flight; raise the error of one that failed."""
@@ -104,25 +105,23 @@ class Committer:
         if self._error is not None and not self._surfaced:
             warnings.warn(str(self._error), IterflowWarning, stacklevel=2)
 
-    def _write_here(self, loop: EpochLoop) -> None:
-        taken = epoch_log.take(loop)
+    def _write_here(self, epoch: int, batch_id: int, pending: Mapping[str, DataFrame]) -> None:
+        taken = epoch_log.take(self.log, epoch, batch_id, pending)
         self._taken_epoch = taken.epoch
-        epoch_log.write(loop, taken)
+        epoch_log.write(self.log, taken)
         self.committed = Committed(epoch=taken.epoch, batch_id=taken.batch_id)
 
-    def _hand(self, loop: EpochLoop, taken: Snapshot) -> None:
+    def _hand(self, taken: Snapshot) -> None:
         self._taken_epoch, self._handed_at = taken.epoch, time.monotonic()
         with self._changed:
             replaced, self._waiting = self._waiting, taken
             if self._thread is None:
-                self._thread = InheritableThread(
-                    self._write_handed, args=(loop,), name="iterflow-commit"
-                )
+                self._thread = InheritableThread(self._write_handed, name="iterflow-commit")
                 self._thread.start()
         if replaced is not None:
-            loop.cycle.unpin(replaced.pinned)
+            self.log.cycle.unpin(replaced.pinned)
 
-    def _write_handed(self, loop: EpochLoop) -> None:
+    def _write_handed(self) -> None:
         """The background thread: write the waiting snapshot until there is none."""
         while True:
             with self._changed:
@@ -132,10 +131,10 @@ class Committer:
                     self._changed.notify_all()
                     break
             try:
-                epoch_log.write(loop, taken)
+                epoch_log.write(self.log, taken)
             except BaseException as exc:
                 self._error = exc
             else:
                 self.committed = Committed(epoch=taken.epoch, batch_id=taken.batch_id)
         if taken is not None:  # not written after a failure
-            loop.cycle.unpin(taken.pinned)
+            self.log.cycle.unpin(taken.pinned)

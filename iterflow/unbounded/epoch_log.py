@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 from pyspark.sql import DataFrame, SparkSession
@@ -19,11 +19,10 @@ from pyspark.sql.types import StructType
 
 from iterflow.errors import IterflowValueError
 from iterflow.runtime.checkpoint.format import DriverSnapshot
+from iterflow.runtime.checkpoint.writer import Checkpointing
 from iterflow.runtime.datacache.driver_variables import local_frame
-from iterflow.unbounded.event_time import stored_name
-
-if TYPE_CHECKING:
-    from iterflow.unbounded.epochs import EpochLoop
+from iterflow.runtime.round.cycle import RoundCycle
+from iterflow.unbounded.event_time import EventTime, stored_name
 
 #: Pending variables up to this many rows are committed inside the driver state
 #: (one small collect) rather than as parquet (a Spark write job).
@@ -64,43 +63,57 @@ class Snapshot:
     pinned: list[DataFrame]
 
 
-def take(loop: EpochLoop) -> Snapshot:
-    """What a commit after the last epoch run writes (its data pinned until ``write``)."""
-    rows, tables = loop.cycle.variables.rows, loop.cycle.variables.tables
-    small = {name for name in loop.pending if name in tables or rows[name] <= INLINE_ROWS}
-    inline, written = _packed(loop.pending, small, tables)
-    event_time, states = _event_time(loop)
+@attrs.frozen(kw_only=True)
+class EpochLog:
+    """What the epoch log of one unbounded run reads and writes: its ``checkpointing``, the
+    round ``cycle`` (the driver-held state, and the data a commit pins), and the run's
+    ``event_time`` steps, if any."""
+
+    spark: SparkSession
+    checkpointing: Checkpointing
+    cycle: RoundCycle
+    event_time: EventTime | None
+
+
+@attrs.frozen(kw_only=True)
+class Restored:
+    """Where a restart continues: the last commit's epoch and micro-batch, and the
+    variables pending after it."""
+
+    epoch: int
+    batch_id: int
+    pending: dict[str, DataFrame]
+
+
+def take(log: EpochLog, epoch: int, batch_id: int, pending: Mapping[str, DataFrame]) -> Snapshot:
+    """What a commit after ``epoch`` (micro-batch ``batch_id``) writes, with the variables
+    ``pending`` then (their data pinned until ``write``)."""
+    variables = log.cycle.variables
+    rows, tables = variables.rows, variables.tables
+    small = {name for name in pending if name in tables or rows[name] <= INLINE_ROWS}
+    inline, written = _packed(pending, small, tables)
+    event_time, states = _event_time(log.event_time)
     position = StreamPosition(
-        epoch=loop.epoch,
-        batch_id=loop.batch_id,
-        rows=dict(rows),
-        inline=inline,
-        event_time=event_time,
+        epoch=epoch, batch_id=batch_id, rows=dict(rows), inline=inline, event_time=event_time
     )
-    driver = loop.checkpointing.snapshot(loop.loop.driver_state(stream=position), loop.epoch)
-    pinned = loop.cycle.pin() if written or states else []
+    driver = log.checkpointing.snapshot(log.cycle.loop.driver_state(stream=position), epoch)
+    pinned = log.cycle.pin() if written or states else []
     return Snapshot(
-        epoch=loop.epoch,
-        batch_id=loop.batch_id,
-        driver=driver,
-        written=written,
-        states=states,
-        pinned=pinned,
+        epoch=epoch, batch_id=batch_id, driver=driver, written=written, states=states, pinned=pinned
     )
 
 
-def write(loop: EpochLoop, taken: Snapshot) -> None:
+def write(log: EpochLog, taken: Snapshot) -> None:
     """Commit ``taken`` to the epoch log (on the calling thread), then let its data go."""
     try:
-        loop.checkpointing.write_snapshot(taken.epoch, taken.driver, taken.written, taken.states)
+        log.checkpointing.write_snapshot(taken.epoch, taken.driver, taken.written, taken.states)
     finally:
-        loop.cycle.unpin(taken.pinned)
+        log.cycle.unpin(taken.pinned)
 
 
-def _event_time(loop: EpochLoop) -> tuple[dict[str, Any] | None, dict[str, DataFrame]]:
+def _event_time(timing: EventTime | None) -> tuple[dict[str, Any] | None, dict[str, DataFrame]]:
     """The watermarks to commit, with the small states of the event-time steps inline;
     and the large states, to write as parquet."""
-    timing = loop.event_time
     if timing is None:
         return None, {}
     snapshot = timing.snapshot()
@@ -141,31 +154,29 @@ def _unpacked(spark: SparkSession, inline: Mapping[str, tuple[str, Any]]) -> dic
     }
 
 
-def restore(loop: EpochLoop) -> int | None:
-    """Continue ``loop`` from the last commit under the checkpoint location; its epoch, or
-    None when there is none."""
-    checkpoint = loop.checkpointing.restore()
+def restore(log: EpochLog) -> Restored | None:
+    """Load the last commit under the checkpoint location into the run's driver state (and
+    its event-time steps); where it continues, or None when there is none."""
+    checkpoint = log.checkpointing.restore()
     if checkpoint is None:
         return None
     driver = checkpoint.driver
     position = driver.stream
     if not isinstance(position, StreamPosition):
         raise IterflowValueError(
-            f"checkpoint_location '{loop.checkpointing.store.root}' holds checkpoints of "
+            f"checkpoint_location '{log.checkpointing.store.root}' holds checkpoints of "
             "a bounded iteration; give the unbounded iteration its own location"
         )
-    loop.loop.load(driver)
-    loop.loop.observers.metrics.restore(driver.metrics)
-    loop.pending = {
-        name: loop.loop.check.aligned(name, df)
-        for name, df in {**checkpoint.variables, **_unpacked(loop.spark, position.inline)}.items()
+    loop = log.cycle.loop
+    loop.load(driver)
+    loop.observers.metrics.restore(driver.metrics)
+    pending = {
+        name: loop.check.aligned(name, df)
+        for name, df in {**checkpoint.variables, **_unpacked(log.spark, position.inline)}.items()
     }
-    loop.cycle.variables.rows = dict(position.rows)
-    loop.cycle.variables.tables = {name: table for name, (_, table) in position.inline.items()}
-    loop.epoch = position.epoch
-    loop.batch_id = position.batch_id
-    loop.commits.committed = Committed(epoch=position.epoch, batch_id=position.batch_id)
-    if loop.event_time is not None and position.event_time is not None:
-        states = {**checkpoint.outputs, **_unpacked(loop.spark, position.event_time["inline"])}
-        loop.event_time.restore(position.event_time, states)
-    return checkpoint.epoch
+    log.cycle.variables.rows = dict(position.rows)
+    log.cycle.variables.tables = {name: table for name, (_, table) in position.inline.items()}
+    if log.event_time is not None and position.event_time is not None:
+        states = {**checkpoint.outputs, **_unpacked(log.spark, position.event_time["inline"])}
+        log.event_time.restore(position.event_time, states)
+    return Restored(epoch=position.epoch, batch_id=position.batch_id, pending=pending)

@@ -49,6 +49,7 @@ from iterflow.runtime.spark.jvm import await_observations, in_session
 from iterflow.runtime.spark.observations import observed_metrics, observed_rows
 from iterflow.unbounded import epoch_log
 from iterflow.unbounded.committer import Committer
+from iterflow.unbounded.epoch_log import Committed, EpochLog
 from iterflow.unbounded.event_steps import EpochSteps
 from iterflow.unbounded.event_time import EventTime
 from iterflow.unbounded.inputs import Chunks, split
@@ -116,13 +117,18 @@ class EpochLoop:
         self.pending: dict[str, DataFrame] = {}  # the variables the next epoch reads
         self.epoch = -1
         self.batch_id = -1
+        self.event_time = event_time  # watermarks and event-time steps; None: no event time
+        self.log = EpochLog(
+            spark=spark, checkpointing=checkpointing, cycle=self.cycle, event_time=event_time
+        )
         self.commits = Committer(
-            interval_s=options.commit_interval_s, max_batches_behind=options.max_batches_behind
+            self.log,
+            interval_s=options.commit_interval_s,
+            max_batches_behind=options.max_batches_behind,
         )
         self.outputs: dict[str, DataFrame] = {}
         self.source_backlog: Callable[[], dict[str, float]] = dict
         self.error: BaseException | None = None
-        self.event_time = event_time  # watermarks and event-time steps; None: no event time
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -153,7 +159,12 @@ class EpochLoop:
 
     def restore(self) -> int | None:
         """Continue from the last commit under the checkpoint location; its epoch, or None."""
-        resumed_from = epoch_log.restore(self)
+        restored = epoch_log.restore(self.log)
+        if restored is not None:
+            self.epoch, self.batch_id = restored.epoch, restored.batch_id
+            self.pending = restored.pending
+            self.commits.committed = Committed(epoch=restored.epoch, batch_id=restored.batch_id)
+        resumed_from = None if restored is None else restored.epoch
         self.cycle.first_epoch = self.epoch + 1
         self.cycle.own_inputs(self.inputs, skip={*self.streams, *self.pending})
         return resumed_from
@@ -171,7 +182,7 @@ class EpochLoop:
                     self._take(in_session(batch, self.spark), batch_id)
                     self.batch_id = batch_id
                 self.drain(self.options.max_epochs_per_batch, batch_id)
-                self.commits.commit(self)
+                self.commits.commit(self.epoch, self.batch_id, self.pending)
 
     @contextmanager
     def _recording_errors(self) -> Iterator[None]:
@@ -222,7 +233,7 @@ class EpochLoop:
         with self.exclusive(), self._recording_errors():
             if self.error is None:
                 self.drain(self.options.max_epochs_per_batch)
-                self.commits.commit(self)
+                self.commits.commit(self.epoch, self.batch_id, self.pending)
 
     def commit_idle(self) -> None:
         """Between micro-batches: hand over a commit when one is due (commits off the loop's
@@ -232,7 +243,7 @@ class EpochLoop:
         try:
             with self.exclusive(), self._recording_errors():
                 if self.error is None:
-                    self.commits.commit(self)
+                    self.commits.commit(self.epoch, self.batch_id, self.pending)
         finally:
             self._lock.release()
 
@@ -240,7 +251,7 @@ class EpochLoop:
         """The stream stopped: write the commits handed over, then the last epoch's."""
         with self.exclusive(), self._recording_errors():
             if self.error is None:
-                self.commits.flush(self)
+                self.commits.flush(self.epoch, self.batch_id, self.pending)
 
     def finish(self) -> None:
         """The inputs have ended: run epoch 0 if none ran, drain every epoch left, commit."""
@@ -250,8 +261,8 @@ class EpochLoop:
             if self.epoch < 0:
                 self.run_round(None, None)
             while self.drain(self.options.max_epochs_per_batch):
-                self.commits.commit(self)
-            self.commits.flush(self)
+                self.commits.commit(self.epoch, self.batch_id, self.pending)
+            self.commits.flush(self.epoch, self.batch_id, self.pending)
 
     # -- one epoch -------------------------------------------------------------------
 
