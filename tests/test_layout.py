@@ -277,3 +277,66 @@ def test_no_import_cycle_between_files() -> None:
         if module not in state:
             visit(module, [module])
     assert cycles == []
+
+
+#: Functions may not be longer (``def`` to last line, docstring included); the two loops'
+#: classes stay under their own bound.
+FUNCTION_LINES = 80
+LOOP_CLASSES = {"RoundLoop": 200, "EpochLoop": 200}
+
+
+def test_functions_and_loops_stay_within_their_bounds() -> None:
+    too_long = []
+    for module in MODULES:
+        path = PACKAGE.parent / (module.replace(".", "/") + ".py")
+        for node in ast.walk(ast.parse(path.read_text())):
+            size = (
+                (node.end_lineno or node.lineno) - node.lineno + 1 if hasattr(node, "lineno") else 0
+            )
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and size > FUNCTION_LINES:
+                too_long.append(f"{module}.{node.name}: {size} lines")
+            bound = LOOP_CLASSES.get(getattr(node, "name", ""))
+            if isinstance(node, ast.ClassDef) and bound is not None and size >= bound:
+                too_long.append(f"class {module}.{node.name}: {size} lines")
+    assert too_long == []
+
+
+def _windows(paths: list[Path], size: int = 6) -> dict[tuple[str, ...], str]:
+    """Each run of ``size`` meaningful lines (blank lines, comments, imports, lone
+    punctuation and docstring quotes left out; white space folded) -> where it stands."""
+    found: dict[tuple[str, ...], str] = {}
+    for path in paths:
+        lines = []
+        for number, raw in enumerate(path.read_text().splitlines(), start=1):
+            line = " ".join(raw.split())
+            if not line or line.startswith(("#", "import ", "from ", '"""')) or len(line) < 4:
+                continue
+            lines.append((number, line))
+        for i in range(len(lines) - size + 1):
+            key = tuple(text for _, text in lines[i : i + size])
+            found.setdefault(key, f"{path.relative_to(PACKAGE.parent)}:{lines[i][0]}")
+    return found
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("bounded", "unbounded"),
+        ("graph/pagerank.py", "graph/components.py"),
+        ("graph/pagerank.py", "graph/labels.py"),
+        ("graph/pagerank.py", "graph/paths.py"),
+        ("graph/components.py", "graph/labels.py"),
+        ("graph/components.py", "graph/paths.py"),
+        ("graph/labels.py", "graph/paths.py"),
+    ],
+)
+def test_no_six_lines_stand_in_both(first: str, second: str) -> None:
+    """The two loops share the runtime instead of copying each other, and the graph
+    algorithms share the block runner: no six lines of one stand again in the other."""
+
+    def files(part: str) -> list[Path]:
+        path = PACKAGE / part
+        return sorted(path.rglob("*.py")) if path.is_dir() else [path]
+
+    ones, others = _windows(files(first)), _windows(files(second))
+    assert [f"{ones[key]} ~ {others[key]}" for key in ones.keys() & others.keys()] == []

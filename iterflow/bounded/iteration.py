@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -20,10 +20,10 @@ from iterflow.builder import (
 )
 from iterflow.errors import IterflowTypeError, IterflowValueError, warn
 from iterflow.progress.estimate import check_progress_from
-from iterflow.runtime.checkpoint.writer import CheckpointOptions
+from iterflow.runtime.checkpoint.writer import Checkpointing, CheckpointOptions
 from iterflow.runtime.datacache.driver_variables import driver_rows
 from iterflow.runtime.datacache.resident_policy import resident_setting
-from iterflow.runtime.progresstrack.observers import enclosing_round
+from iterflow.runtime.progresstrack.observers import RunObservers, enclosing_round
 from iterflow.runtime.spark.schema import describe_inputs
 from iterflow.termination import Condition
 
@@ -132,27 +132,12 @@ class BoundedIteration(IterationBuilder):
         kept = keep_history_option(keep_history)
         check_progress_from(progress_from)
         active, inputs = self._bound_inputs(spark)
-        held_rows = driver_rows(active)
+        driver_rows(active)  # checked before anything starts
         resident_setting(active)  # checked before anything starts
         replay = {name for name, b in self._bindings.items() if b.replay}
-        checkpoints = None
-        outer = enclosing_round()
-        if checkpoint_dir is not None and outer is not None:
-            warn(
-                f"run(checkpoint_dir='{os.fspath(checkpoint_dir)}') is ignored: this run is "
-                f"nested in another, in its round at epoch path {outer}. Only the outermost "
-                "run takes checkpoints, at its round boundaries (give it checkpoint_dir=); "
-                "after a crash it resumes and runs this one again from its start"
-            )
-            checkpoint_dir = None
-        if checkpoint_dir is not None:
-            checkpoints = CheckpointOptions(
-                directory=os.fspath(checkpoint_dir),
-                every=at_least_one("checkpoint_every", checkpoint_every),
-                asynchronous=bool(checkpoint_async),
-                keep=at_least_one("checkpoint_keep", checkpoint_keep),
-                resume=bool(resume),
-            )
+        checkpoints = _checkpoint_options(
+            checkpoint_dir, checkpoint_every, checkpoint_async, checkpoint_keep, resume
+        )
         checkpointing, observers = self._assemble(
             active,
             described_inputs=describe_inputs(inputs, replay),
@@ -164,7 +149,18 @@ class BoundedIteration(IterationBuilder):
             progress_interval_s=progress_interval_s,
             event_log_progress_s=event_log_progress_s,
         )
-        loop = RoundLoop(
+        return self._round_loop(active, inputs, replay, observers, checkpointing, kept).run()
+
+    def _round_loop(
+        self,
+        spark: SparkSession,
+        inputs: Mapping[str, DataFrame],
+        replay: set[str],
+        observers: RunObservers,
+        checkpointing: Checkpointing | None,
+        keep_history: int | None,
+    ) -> RoundLoop:
+        return RoundLoop(
             body=self._body,
             inputs=inputs,
             replay=replay,
@@ -172,10 +168,39 @@ class BoundedIteration(IterationBuilder):
             listeners=self._listeners,
             observers=observers,
             checkpointing=checkpointing,
-            driver_rows=held_rows,
+            driver_rows=driver_rows(spark),
             sinks=self._sinks_by_output,
-            spark=active,
-            keep_history=kept,
+            spark=spark,
+            keep_history=keep_history,
             in_spark={name for name, b in self._bindings.items() if not b.on_driver},
         )
-        return loop.run()
+
+
+def _checkpoint_options(
+    directory: str | os.PathLike[str] | None,
+    every: int,
+    asynchronous: bool,
+    keep: int,
+    resume: bool,
+) -> CheckpointOptions | None:
+    """``run()``'s checkpoint options, checked; None without a directory, or in a run
+    nested in another's round (only the outermost run takes checkpoints: said in a
+    warning)."""
+    outer = enclosing_round()
+    if directory is not None and outer is not None:
+        warn(
+            f"run(checkpoint_dir='{os.fspath(directory)}') is ignored: this run is "
+            f"nested in another, in its round at epoch path {outer}. Only the outermost "
+            "run takes checkpoints, at its round boundaries (give it checkpoint_dir=); "
+            "after a crash it resumes and runs this one again from its start"
+        )
+        return None
+    if directory is None:
+        return None
+    return CheckpointOptions(
+        directory=os.fspath(directory),
+        every=at_least_one("checkpoint_every", every),
+        asynchronous=bool(asynchronous),
+        keep=at_least_one("checkpoint_keep", keep),
+        resume=bool(resume),
+    )

@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from iterflow.body import IterationBody
 from iterflow.bounded.recovery import Recovery
 from iterflow.bounded.result import IterationResult
-from iterflow.errors import IterflowError, RoundError, warn
+from iterflow.errors import RoundError
 from iterflow.progress.listeners import ListenerSet
 from iterflow.records import RoundProgress, Termination
 from iterflow.runtime.checkpoint.format import lost_checkpoint_block
@@ -168,19 +168,14 @@ class RoundLoop:
         plan, variables = rnd.evaluated.plan, rnd.evaluated.variables
         # Before the round can count, so a committed checkpoint's epochs are all written.
         self.cycle.write_sinks(rnd, self.sinks)
-        criteria_empty: dict[Condition, bool] = {
-            c: rnd.evaluated.done.criteria_empty[id(c.criteria)] for c in plan.criteria
-        }
-        # A criteria that is also a feedback or output was counted by its checkpoint's job.
-        rows = rnd.evaluated.done.rows
-        counted = [rows[id(c.criteria)] for c in plan.criteria if id(c.criteria) in rows]
+        criteria_empty, criteria_rows = criteria_outcome(rnd, plan)
         progress = rnd.progress(
             criteria_empty=any(criteria_empty.values()) if criteria_empty else None,
-            criteria_rows=min(counted) if counted and len(counted) == len(plan.criteria) else None,
+            criteria_rows=criteria_rows,
             # A convergence callable may read the round's metrics (its kernels' counts).
             metrics=self.loop.observers.metrics.round_values(epoch),
         )
-        values = self._convergence_values(rnd, plan, progress)
+        values = convergence_values(rnd, plan, progress)
         if values:
             progress = attrs.evolve(
                 progress, converged_value=values[plan.convergence[0]], duration_s=rnd.elapsed_s
@@ -202,21 +197,6 @@ class RoundLoop:
             self.checkpointing.write(epoch, self.loop.driver_state(), variables)
         return {**self.data_inputs(), **variables}, rnd.evaluated.outputs, termination
 
-    def _convergence_values(
-        self, rnd: Round, plan: RoundPlan, progress: RoundProgress
-    ) -> dict[Condition, float]:
-        values: dict[Condition, float] = {}
-        for condition in plan.convergence:
-            if callable(condition.value):
-                try:
-                    raw = condition.value(rnd.end(progress))
-                except Exception as exc:
-                    fail(rnd.epoch, "convergence value", exc)
-            else:
-                raw = rnd.evaluated.done.values[id(condition.value)]
-            values[condition] = check_converged_value(raw, rnd.epoch)
-        return values
-
     def _terminate(
         self,
         epoch: int,
@@ -227,22 +207,13 @@ class RoundLoop:
     ) -> IterationResult:
         metrics = self.loop.terminated(termination, epoch + 1, outputs)
         if self.checkpointing is not None:
-            # The final epoch is flushed before run() returns, with its outputs. If that
-            # fails, the result in hand is still right: warn rather than lose it.
-            try:
-                self.checkpointing.write(
-                    epoch,
-                    self.loop.driver_state(termination=termination),
-                    {name: current[name] for name in self.loop.check.variable_names or ()},
-                    outputs,
-                )
-                self.checkpointing.wait()
-            except IterflowError as exc:
-                warn(
-                    f"{exc}. The result is returned, but the final checkpoint is missing: "
-                    "a later run() with this checkpoint_dir resumes from the last "
-                    "committed epoch and runs the remaining rounds again"
-                )
+            variables = self.loop.check.variable_names or ()
+            self.checkpointing.write_final(
+                epoch,
+                self.loop.driver_state(termination=termination),
+                {name: current[name] for name in variables},
+                outputs,
+            )
         return IterationResult(
             outputs=outputs,
             rounds=epoch + 1,
@@ -257,3 +228,33 @@ class RoundLoop:
     def data_inputs(self) -> dict[str, DataFrame]:
         variables = self.loop.check.variable_names or ()
         return {name: df for name, df in self.inputs.items() if name not in variables}
+
+
+def criteria_outcome(rnd: Round, plan: RoundPlan) -> tuple[dict[Condition, bool], int | None]:
+    """Whether each criteria of the round is empty, and the rows of the criteria when its
+    jobs counted them all (a criteria that is also a feedback or output is counted by its
+    checkpoint's job)."""
+    empty: dict[Condition, bool] = {
+        c: rnd.evaluated.done.criteria_empty[id(c.criteria)] for c in plan.criteria
+    }
+    rows = rnd.evaluated.done.rows
+    counted = [rows[id(c.criteria)] for c in plan.criteria if id(c.criteria) in rows]
+    return empty, (min(counted) if counted and len(counted) == len(plan.criteria) else None)
+
+
+def convergence_values(
+    rnd: Round, plan: RoundPlan, progress: RoundProgress
+) -> dict[Condition, float]:
+    """The round's convergence values, by condition: computed with the round (a one-cell
+    DataFrame) or by a callable on its ``RoundEnd``; checked for NaN and infinity."""
+    values: dict[Condition, float] = {}
+    for condition in plan.convergence:
+        if callable(condition.value):
+            try:
+                raw = condition.value(rnd.end(progress))
+            except Exception as exc:
+                fail(rnd.epoch, "convergence value", exc)
+        else:
+            raw = rnd.evaluated.done.values[id(condition.value)]
+        values[condition] = check_converged_value(raw, rnd.epoch)
+    return values

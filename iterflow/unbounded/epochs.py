@@ -25,10 +25,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from functools import partial
 
 import attrs
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from iterflow.body import IterationBody
 from iterflow.errors import IterflowError
@@ -40,17 +39,12 @@ from iterflow.runtime.datacache.driver_variables import DRIVER_ROWS
 from iterflow.runtime.progresstrack.observers import RunObservers
 from iterflow.runtime.round.cycle import LoopState, RoundCycle
 from iterflow.runtime.round.declaration import DeclarationCheck
-from iterflow.runtime.round.materialize import (
-    observe_rows,
-    step_observation,
-)
 from iterflow.runtime.round.scope import CacheRegistry
-from iterflow.runtime.spark.jvm import await_observations, in_session
-from iterflow.runtime.spark.observations import observed_metrics, observed_rows
+from iterflow.runtime.spark.jvm import in_session
 from iterflow.unbounded import epoch_log
 from iterflow.unbounded.committer import Committer
 from iterflow.unbounded.epoch_log import Committed, EpochLog
-from iterflow.unbounded.event_steps import EpochSteps
+from iterflow.unbounded.epoch_round import EpochRound
 from iterflow.unbounded.event_time import EventTime
 from iterflow.unbounded.inputs import Chunks, split
 
@@ -74,6 +68,46 @@ class EpochOptions:
     max_batches_behind: int = 50  # of the last commit, off the loop's path (``committer``)
     driver_rows: int = DRIVER_ROWS  # state variables up to this many rows live on the driver
     keep_history: int | None = None  # epochs of history kept; None: ``RECENT_EPOCHS``
+
+
+class EpochGuard:
+    """One thread at a time runs a loop's epochs or commits (re-entrant), and the first
+    error one of them raises stops the loop: its state is then past its last commit, and
+    no thread may run another epoch on it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._owner: int | None = None  # the thread running epochs now
+        self.error: BaseException | None = None
+
+    @contextmanager
+    def exclusive(self, blocking: bool = True) -> Iterator[bool]:
+        """Hold the loop inside; yields False (holding nothing) when ``blocking`` is off
+        and another thread holds it."""
+        if not self._lock.acquire(blocking=blocking):
+            yield False
+            return
+        previous, self._owner = self._owner, threading.get_ident()
+        try:
+            yield True
+        finally:
+            self._owner = previous
+            self._lock.release()
+
+    @property
+    def in_this_thread(self) -> bool:
+        """True on the thread that runs epochs now (e.g. inside a listener)."""
+        return self._owner == threading.get_ident()
+
+    @contextmanager
+    def recording(self) -> Iterator[None]:
+        """Keep the first error raised inside."""
+        try:
+            yield
+        except BaseException as exc:
+            if self.error is None:
+                self.error = exc
+            raise
 
 
 class EpochLoop:
@@ -102,8 +136,7 @@ class EpochLoop:
         self.sinks = dict(sinks)
         self.checkpointing = checkpointing
         self.options = options
-        self._lock = threading.RLock()
-        self._owner: int | None = None  # the thread running epochs now
+        self.guard = EpochGuard()
         self.stopping = threading.Event()
         check = DeclarationCheck(body.name, {n: df.schema for n, df in inputs.items()})
         self.loop = LoopState(
@@ -113,7 +146,6 @@ class EpochLoop:
             recent=RECENT_EPOCHS if options.keep_history is None else options.keep_history,
         )
         self.cycle = RoundCycle(self.loop, CacheRegistry(), options.driver_rows)
-        self.empty = {name: spark.createDataFrame([], inputs[name].schema) for name in streams}
         self.pending: dict[str, DataFrame] = {}  # the variables the next epoch reads
         self.epoch = -1
         self.batch_id = -1
@@ -128,22 +160,15 @@ class EpochLoop:
         )
         self.outputs: dict[str, DataFrame] = {}
         self.source_backlog: Callable[[], dict[str, float]] = dict
-        self.error: BaseException | None = None
-
-    @contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """Hold the loop: one thread at a time runs epochs or commits (re-entrant)."""
-        with self._lock:
-            previous, self._owner = self._owner, threading.get_ident()
-            try:
-                yield
-            finally:
-                self._owner = previous
-
-    @property
-    def in_epoch_thread(self) -> bool:
-        """True on the thread that runs epochs now (e.g. inside a listener)."""
-        return self._owner == threading.get_ident()
+        self.epochs = EpochRound(
+            body=body,
+            cycle=self.cycle,
+            inputs=self.inputs,
+            streams=streams,
+            state_names=state_names,
+            sinks=self.sinks,
+            event_time=event_time,
+        )
 
     @property
     def committed_epoch(self) -> int:
@@ -153,9 +178,7 @@ class EpochLoop:
     @property
     def in_flight(self) -> int:
         """Work feedback rows waiting for an epoch."""
-        rows = self.cycle.variables.rows
-        names = self.loop.check.variable_names or ()
-        return sum(rows.get(name, 0) for name in names if name not in self.state_names)
+        return self.epochs.in_flight
 
     def restore(self) -> int | None:
         """Continue from the last commit under the checkpoint location; its epoch, or None."""
@@ -173,27 +196,16 @@ class EpochLoop:
 
     def on_batch(self, batch: DataFrame, batch_id: int) -> None:
         """The ``foreachBatch`` function: the epochs of micro-batch ``batch_id``, committed."""
-        with self.exclusive():
-            if self.stopping.is_set() or self.error is not None:
+        with self.guard.exclusive():
+            if self.stopping.is_set() or self.guard.error is not None:
                 # Not taken, so not committed: Spark reads it again on the next start().
                 raise StoppedError(f"micro-batch {batch_id} arrived after the iteration ended")
-            with self._recording_errors():
+            with self.guard.recording():
                 if batch_id > self.batch_id:  # else: consumed before a crash, replayed by Spark
                     self._take(in_session(batch, self.spark), batch_id)
                     self.batch_id = batch_id
                 self.drain(self.options.max_epochs_per_batch, batch_id)
                 self.commits.commit(self.epoch, self.batch_id, self.pending)
-
-    @contextmanager
-    def _recording_errors(self) -> Iterator[None]:
-        """Keep the first error: the loop's state is then past its last commit, and no
-        thread may run another epoch on it."""
-        try:
-            yield
-        except BaseException as exc:
-            if self.error is None:
-                self.error = exc
-            raise
 
     def _take(self, batch: DataFrame, batch_id: int) -> None:
         limit = self.options.max_rows_per_epoch
@@ -230,32 +242,29 @@ class EpochLoop:
 
     def drain_idle(self) -> None:
         """The stream is idle: drain feedback left in flight, and commit."""
-        with self.exclusive(), self._recording_errors():
-            if self.error is None:
+        with self.guard.exclusive(), self.guard.recording():
+            if self.guard.error is None:
                 self.drain(self.options.max_epochs_per_batch)
                 self.commits.commit(self.epoch, self.batch_id, self.pending)
 
     def commit_idle(self) -> None:
         """Between micro-batches: hand over a commit when one is due (commits off the loop's
         path), unless epochs are running."""
-        if self.options.commit_interval_s is None or not self._lock.acquire(blocking=False):
+        if self.options.commit_interval_s is None:
             return
-        try:
-            with self.exclusive(), self._recording_errors():
-                if self.error is None:
-                    self.commits.commit(self.epoch, self.batch_id, self.pending)
-        finally:
-            self._lock.release()
+        with self.guard.exclusive(blocking=False) as held, self.guard.recording():
+            if held and self.guard.error is None:
+                self.commits.commit(self.epoch, self.batch_id, self.pending)
 
     def flush(self) -> None:
         """The stream stopped: write the commits handed over, then the last epoch's."""
-        with self.exclusive(), self._recording_errors():
-            if self.error is None:
+        with self.guard.exclusive(), self.guard.recording():
+            if self.guard.error is None:
                 self.commits.flush(self.epoch, self.batch_id, self.pending)
 
     def finish(self) -> None:
         """The inputs have ended: run epoch 0 if none ran, drain every epoch left, commit."""
-        with self.exclusive(), self._recording_errors():
+        with self.guard.exclusive(), self.guard.recording():
             if self.event_time is not None:
                 self.event_time.inputs_ended()  # every window may fire now
             if self.epoch < 0:
@@ -269,106 +278,16 @@ class EpochLoop:
     def run_round(self, new: Mapping[str, DataFrame] | None, batch_id: int | None) -> None:
         """Epoch ``self.epoch + 1`` on the rows ``new`` of each streaming input (None: none)."""
         epoch = self.epoch + 1
-        timing = self.event_time
-        self.loop.observers.metrics.settle(epoch)  # an unbounded run never rolls back
-        with self.loop.observers.round(epoch):
-            tracker = self.loop.observers.tracker
-            observations = {
-                name: step_observation("input", (name,), tracker) for name in self.streams
-            }
-            inputs: dict[str, DataFrame] = {}
-            for name in self.loop.check.schemas:
-                if name in self.streams:
-                    fresh = observe_rows(
-                        (new or self.empty)[name],
-                        observations[name],
-                        *(timing.input_metrics(name) if timing is not None else ()),
-                    )
-                    variable = self.pending.get(name)
-                    inputs[name] = fresh if variable is None else fresh.unionByName(variable)
-                else:
-                    inputs[name] = self.pending.get(name, self.inputs[name])
-            feedback_in = dict(self.cycle.variables.rows)
-            events = (
-                timing.begin(
-                    epoch, partial(self.cycle.caches.cache, lifecycle="round"), inputs.values()
-                )
-                if timing is not None
-                else None
-            )
-            # A small state variable (a model) lives on the driver between epochs.
-            rnd = self.cycle.evaluate(
-                epoch,
-                self.body,
-                inputs,
-                partial(self.loop.check.check_unbounded, epoch, self.state_names, self.sinks),
-                self.state_names,
-                events=events,
-                extras=None if events is None else partial(self._extras, events),
-            )
-            results = rnd.evaluated.outputs
-            marks = None
-            if timing is not None and events is not None:
-                # The steps' own observations were awaited when their rows were evaluated.
-                await_observations(list(observations.values()))
-                marks = timing.end(
-                    epoch,
-                    events,
-                    rnd.evaluated.done,
-                    {n: observed_metrics(o) if new else None for n, o in observations.items()},
-                    rnd.evaluated.plan.declaration.feedback,
-                    self._is_work,
-                )
-            self.cycle.write_sinks(rnd, self.sinks)
-            progress = rnd.progress(
-                epoch_watermark=self.watermark(epoch),
-                batch_id=batch_id,
-                input_rows={n: observed_rows(o) if new else 0 for n, o in observations.items()},
-                feedback_rows_in=feedback_in,
-                backlog={"feedback_rows": self.in_flight, **self.source_backlog()},
-                **(attrs.asdict(marks, recurse=False) if marks is not None else {}),
-            )
-            self.cycle.record(rnd, progress, ())
-            self.cycle.complete(rnd)
-        self.pending = rnd.evaluated.variables
-        self.outputs = results
+        self.pending, self.outputs = self.epochs.run(
+            epoch, self.pending, new, batch_id, self.source_backlog
+        )
         self.epoch = epoch
-
-    def _is_work(self, name: str) -> bool:
-        return name not in self.state_names
-
-    def _extras(
-        self, events: EpochSteps, feedback: Mapping[str, DataFrame]
-    ) -> tuple[list[DataFrame], dict[int, list[Column]]]:
-        """The event-time steps' new state, and the earliest event time of the work
-        feedback, to materialize and aggregate with the epoch."""
-        assert self.event_time is not None
-        targets, metrics = events.targets()
-        metrics.update(self.event_time.feedback_metrics(feedback, self._is_work))
-        return targets, metrics
-
-    def watermark(self, epoch: int) -> int:
-        """The epoch watermark after ``epoch``: every record that entered the loop at an
-        epoch up to it is processed, and ``watermark + 1`` is the lowest epoch that may
-        still have records in flight (as in FLIP-176).
-
-        Work feedback is one DataFrame, so iterflow cannot tell which epoch its rows came
-        from: while any is in flight the watermark stays before the epoch in which it last
-        rose from none, and it catches up with the epoch once the feedback drained. It
-        follows from the previous epoch's progress, which a restart restores."""
-        if self.in_flight == 0:
-            return epoch
-        history = self.loop.history
-        previous = history[-1] if history and history[-1].epoch == epoch - 1 else None
-        if previous is None or previous.backlog.get("feedback_rows", 0) == 0:
-            return epoch - 1
-        return previous.epoch_watermark
 
     # -- the end -----------------------------------------------------------------------
 
     def terminate(self, reason: str) -> Termination:
         """Tell listeners and observers the iteration ended for ``reason``."""
-        with self.exclusive():
+        with self.guard.exclusive():
             termination = Termination(reason=reason, epoch=self.epoch, reasons=(reason,))
             self.loop.terminated(termination, self.epoch + 1, self.outputs)
             return termination
@@ -380,7 +299,7 @@ class EpochLoop:
     def close(self) -> None:
         """Release everything iterflow holds for this iteration (once the commits in flight
         are written)."""
-        with self.exclusive():
+        with self.guard.exclusive():
             try:
                 self.commits.settle()
                 self.loop.observers.close()

@@ -173,24 +173,9 @@ class EpochSteps:
     ) -> DataFrame:
         step = self._name(name, "window")
         where = f"epoch {self.epoch}: ctx.window('{step}')"
-        if not isinstance(df, DataFrame):
-            raise IterflowTypeError(f"{where} takes a DataFrame, got {type(df).__name__}")
-        if not isinstance(window, WindowFn):
-            raise IterflowTypeError(
-                f"{where}: window must be itf.FixedWindows, itf.SlidingWindows, "
-                f"itf.SessionWindows or an itf.WindowFn subclass, got {type(window).__name__}"
-            )
-        lateness = (
-            0
-            if allowed_lateness is None
-            else duration_us(allowed_lateness, f"{where}: allowed_lateness", zero=True)
+        lateness, keys, event, columns = self._window_args(
+            df, window, allowed_lateness, by, event_time, where
         )
-        keys = _columns(by, f"{where}: by")
-        event = self._event_time(df, event_time, where)
-        columns = [c for c in df.columns if c not in (WINDOW, PANE_OUT)]
-        missing = [k for k in keys if k not in columns]
-        if missing:
-            raise IterflowValueError(f"{where}: by column '{missing[0]}' is not in {columns}")
         spec = f"window {window!r} lateness={lateness} by={keys} event_time={event}"
         watermark, upstream = self._input_watermark(step, "window", spec, df, where)
         # The new rows with their event time, assigned to windows; late ones flagged.
@@ -211,24 +196,7 @@ class EpochSteps:
         rows = fresh if state is None else state.unionByName(fresh)
         if window.merging:
             rows = _merged(rows, keys)
-        # A window fires once the watermark passed its end if it holds rows it has not
-        # emitted: all of them the first time, and late ones (or a session grown by new
-        # rows) later.
-        by_window = Window.partitionBy(*map(quoted, keys), WS, WE)
-        pane = F.max(PANE).over(by_window)
-        dirty = F.max(F.col(DIRTY).cast("int")).over(by_window) == 1
-        fires = (F.col(WE) <= F.lit(watermark)) & dirty if watermark > MIN_US else F.lit(False)
-        flagged = self._cache(
-            rows.select(
-                *map(quoted, columns),
-                TS,
-                WS,
-                WE,
-                pane.alias(PANE),
-                dirty.alias(DIRTY),
-                fires.alias(FIRES),
-            )
-        )
+        flagged = self._cache(_fired(rows, columns, keys, watermark))
         output = flagged.where(F.col(FIRES)).select(
             *map(quoted, columns), _window_struct().alias(WINDOW), F.col(PANE).alias(PANE_OUT)
         )
@@ -263,6 +231,37 @@ class EpochSteps:
         )
         return output
 
+    def _window_args(
+        self,
+        df: DataFrame,
+        window: Any,
+        allowed_lateness: Any,
+        by: str | Sequence[str] | None,
+        event_time: str | None,
+        where: str,
+    ) -> tuple[int, list[str], str, list[str]]:
+        """``ctx.window``'s arguments, checked: the allowed lateness in microseconds, the
+        key columns, the event-time column, and the columns the rows keep."""
+        if not isinstance(df, DataFrame):
+            raise IterflowTypeError(f"{where} takes a DataFrame, got {type(df).__name__}")
+        if not isinstance(window, WindowFn):
+            raise IterflowTypeError(
+                f"{where}: window must be itf.FixedWindows, itf.SlidingWindows, "
+                f"itf.SessionWindows or an itf.WindowFn subclass, got {type(window).__name__}"
+            )
+        lateness = (
+            0
+            if allowed_lateness is None
+            else duration_us(allowed_lateness, f"{where}: allowed_lateness", zero=True)
+        )
+        keys = _columns(by, f"{where}: by")
+        event = self._event_time(df, event_time, where)
+        columns = [c for c in df.columns if c not in (WINDOW, PANE_OUT)]
+        missing = [k for k in keys if k not in columns]
+        if missing:
+            raise IterflowValueError(f"{where}: by column '{missing[0]}' is not in {columns}")
+        return lateness, keys, event, columns
+
     def join(
         self,
         left: DataFrame,
@@ -275,33 +274,9 @@ class EpochSteps:
     ) -> DataFrame:
         step = self._name(name, "join")
         where = f"epoch {self.epoch}: ctx.join('{step}')"
-        for side, df in (("left", left), ("right", right)):
-            if not isinstance(df, DataFrame):
-                raise IterflowTypeError(
-                    f"{where}: {side} must be a DataFrame, got {type(df).__name__}"
-                )
-        if within is None:
-            raise IterflowValueError(
-                f"{where}: within= is required: how far apart in event time two rows may be "
-                "to join (e.g. within='10 minutes'); it bounds the state the join keeps"
-            )
-        span = duration_us(within, f"{where}: within", zero=True)
-        keys = _columns(on, f"{where}: on")
-        if not keys:
-            raise IterflowValueError(f"{where}: on= names no column; join on at least one key")
-        left_time, right_time = (
-            (event_time, event_time)
-            if event_time is None or isinstance(event_time, str)
-            else tuple(event_time)
+        span, keys, left_event, right_event = self._join_args(
+            left, right, on, within, event_time, where
         )
-        left_event = self._event_time(left, left_time, f"{where} (left)")
-        right_event = self._event_time(right, right_time, f"{where} (right)")
-        for side, df in (("left", left), ("right", right)):
-            missing = [k for k in keys if k not in df.columns]
-            if missing:
-                raise IterflowValueError(
-                    f"{where}: key '{missing[0]}' is not a column of the {side} side {df.columns}"
-                )
         shared_time = left_event == right_event and left_event != WINDOW_END
         left_cols = [c for c in left.columns if c not in keys]
         right_cols = [c for c in right.columns if c not in keys]
@@ -335,28 +310,8 @@ class EpochSteps:
             sides[part] = (
                 rows if state is None else state.withColumn(NEW, F.lit(False)).unionByName(rows)
             )
-        left_rows = sides["left"]
-        renamed = {c: f"_iterflow_right_{i}" for i, c in enumerate([*right.columns, TS, NEW])}
-        right_rows = sides["right"].select(*[quoted(c).alias(n) for c, n in renamed.items()])
-        condition = F.lit(True)
-        for key in keys:
-            condition = condition & (quoted(key) == F.col(renamed[key]))
-        condition = (
-            condition
-            & (F.abs(F.col(TS) - F.col(renamed[TS])) <= F.lit(span))
-            & (F.col(NEW) | F.col(renamed[NEW]))
-        )
-        joined = left_rows.join(right_rows, condition, "inner")
-        selected = [quoted(k) for k in keys]
-        for column in left_cols:
-            if shared_time and column == left_event:
-                selected.append(F.greatest(quoted_name(column), renamed[column]).alias(column))
-            else:
-                selected.append(quoted(column))
-        selected += [
-            F.col(renamed[c]).alias(c) for c in right_cols if not (shared_time and c == right_event)
-        ]
-        output = joined.select(*selected)
+        events = (left_event, right_event)
+        output = _joined(sides, (left.columns, right.columns), keys, span, events, shared_time)
         states = {}
         for part, rows in sides.items():
             kept = (
@@ -381,6 +336,46 @@ class EpochSteps:
             late_observations=counted,
         )
         return output
+
+    def _join_args(
+        self,
+        left: DataFrame,
+        right: DataFrame,
+        on: str | Sequence[str],
+        within: Any,
+        event_time: str | tuple[str, str] | None,
+        where: str,
+    ) -> tuple[int, list[str], str, str]:
+        """``ctx.join``'s arguments, checked: ``within`` in microseconds, the key columns,
+        and each side's event-time column."""
+        for side, df in (("left", left), ("right", right)):
+            if not isinstance(df, DataFrame):
+                raise IterflowTypeError(
+                    f"{where}: {side} must be a DataFrame, got {type(df).__name__}"
+                )
+        if within is None:
+            raise IterflowValueError(
+                f"{where}: within= is required: how far apart in event time two rows may be "
+                "to join (e.g. within='10 minutes'); it bounds the state the join keeps"
+            )
+        span = duration_us(within, f"{where}: within", zero=True)
+        keys = _columns(on, f"{where}: on")
+        if not keys:
+            raise IterflowValueError(f"{where}: on= names no column; join on at least one key")
+        left_time, right_time = (
+            (event_time, event_time)
+            if event_time is None or isinstance(event_time, str)
+            else tuple(event_time)
+        )
+        left_event = self._event_time(left, left_time, f"{where} (left)")
+        right_event = self._event_time(right, right_time, f"{where} (right)")
+        for side, df in (("left", left), ("right", right)):
+            missing = [k for k in keys if k not in df.columns]
+            if missing:
+                raise IterflowValueError(
+                    f"{where}: key '{missing[0]}' is not a column of the {side} side {df.columns}"
+                )
+        return span, keys, left_event, right_event
 
     def late(self, name: str) -> DataFrame:
         """The rows step ``name`` dropped as too late in this epoch."""
@@ -583,6 +578,58 @@ class EpochSteps:
         for checkpoint in self._checkpoints:
             release_local_checkpoint(checkpoint)
         self._checkpoints = []
+
+
+def _fired(rows: DataFrame, columns: list[str], keys: list[str], watermark: int) -> DataFrame:
+    """A window step's rows, each with its window's pane and whether the window fires now:
+    once the watermark passed its end if it holds rows it has not emitted (all of them
+    the first time, and late ones, or a session grown by new rows, later)."""
+    by_window = Window.partitionBy(*map(quoted, keys), WS, WE)
+    pane = F.max(PANE).over(by_window)
+    dirty = F.max(F.col(DIRTY).cast("int")).over(by_window) == 1
+    fires = (F.col(WE) <= F.lit(watermark)) & dirty if watermark > MIN_US else F.lit(False)
+    return rows.select(
+        *map(quoted, columns), TS, WS, WE, pane.alias(PANE), dirty.alias(DIRTY), fires.alias(FIRES)
+    )
+
+
+def _joined(
+    sides: dict[str, DataFrame],
+    columns: tuple[list[str], list[str]],
+    keys: list[str],
+    span: int,
+    events: tuple[str, str],
+    shared_time: bool,
+) -> DataFrame:
+    """A join step's output: the pairs of its two sides' rows (state and new, at least one
+    of them new) with equal keys and event times at most ``span`` apart; a shared
+    event-time column (``shared_time``) takes the later of the two. ``columns`` and
+    ``events`` are each side's columns and event-time column."""
+    (left_event, right_event), right_columns = events, columns[1]
+    left_cols = [c for c in columns[0] if c not in keys]
+    right_cols = [c for c in right_columns if c not in keys]
+    left_rows = sides["left"]
+    renamed = {c: f"_iterflow_right_{i}" for i, c in enumerate([*right_columns, TS, NEW])}
+    right_rows = sides["right"].select(*[quoted(c).alias(n) for c, n in renamed.items()])
+    condition = F.lit(True)
+    for key in keys:
+        condition = condition & (quoted(key) == F.col(renamed[key]))
+    condition = (
+        condition
+        & (F.abs(F.col(TS) - F.col(renamed[TS])) <= F.lit(span))
+        & (F.col(NEW) | F.col(renamed[NEW]))
+    )
+    joined = left_rows.join(right_rows, condition, "inner")
+    selected = [quoted(k) for k in keys]
+    for column in left_cols:
+        if shared_time and column == left_event:
+            selected.append(F.greatest(quoted_name(column), renamed[column]).alias(column))
+        else:
+            selected.append(quoted(column))
+    selected += [
+        F.col(renamed[c]).alias(c) for c in right_cols if not (shared_time and c == right_event)
+    ]
+    return joined.select(*selected)
 
 
 def _columns(value: str | Sequence[str] | None, what: str) -> list[str]:

@@ -20,8 +20,9 @@ from iterflow.builder import (
 )
 from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
 from iterflow.runtime.checkpoint.output_sinks import Sink, check_discarding
-from iterflow.runtime.checkpoint.writer import CheckpointOptions
+from iterflow.runtime.checkpoint.writer import Checkpointing, CheckpointOptions
 from iterflow.runtime.datacache.driver_variables import driver_rows
+from iterflow.runtime.progresstrack.observers import RunObservers
 from iterflow.runtime.spark.files import files_for
 from iterflow.runtime.spark.jvm import is_classic
 from iterflow.runtime.spark.schema import describe_inputs
@@ -123,7 +124,6 @@ class UnboundedIteration(IterationBuilder):
         first). ``max_rows_per_epoch`` cuts large micro-batches into several
         epochs. After a micro-batch's input, up to ``max_epochs_per_batch``
         epochs drain feedback before Spark may start the next micro-batch.
-
         ``progress_interval_s`` and ``event_log_progress_s`` sample running epochs as
         ``BoundedIteration.run`` samples rounds.
 
@@ -142,81 +142,79 @@ class UnboundedIteration(IterationBuilder):
         log is the full record. See docs/checkpoints.md, "How the history and the event
         log grow".
         """
-        check_progress_option(progress)
-        _check_start(checkpoint_location, available_now, processing_time)
+        location = _check_start(checkpoint_location, available_now, processing_time, progress)
         interval = _commit_interval(commit_interval_s)
         active, inputs = self._bound_inputs(spark)
-        options = EpochOptions(
-            max_rows_per_epoch=None
-            if max_rows_per_epoch is None
-            else at_least_one("max_rows_per_epoch", max_rows_per_epoch),
-            max_feedback_rows=at_least_one("max_feedback_rows", max_feedback_rows, zero=True),
-            max_epochs_per_batch=at_least_one("max_epochs_per_batch", max_epochs_per_batch),
-            driver_rows=driver_rows(active),
-            commit_interval_s=interval,
-            keep_history=keep_history_option(keep_history),
-            max_batches_behind=max(
-                1, int(active.conf.get(RETAINED_BATCHES_CONF, "100") or 100) // 2
-            ),
-        )
+        limits = (max_rows_per_epoch, max_feedback_rows, max_epochs_per_batch)
+        options = _epoch_options(active, limits, interval, keep_history)
         streams = self._streams(active, inputs)
-        location = os.fspath(checkpoint_location).rstrip("/")  # type: ignore[arg-type]
-        if interval is not None:
-            _check_replays(active, {n: inputs[n] for n in streams}, self._sinks_by_output, location)
-        state_names = frozenset(name for name, b in self._bindings.items() if b.state)
+        _check_replays(
+            active, interval, {n: inputs[n] for n in streams}, self._sinks_by_output, location
+        )
         checkpointing, observers = self._assemble(
             active,
-            described_inputs={
-                name: {**described, "state": name in state_names, "streaming": name in streams}
-                for name, described in describe_inputs(inputs, ()).items()
-            },
-            checkpoints=CheckpointOptions(
-                directory=f"{location}/{EPOCHS_DIR}",
-                every=1,
-                asynchronous=False,
-                keep=2,
-                # Commits off the loop's path rewind Spark's checkpoint to the commit
-                # resumed from, so an older one serves too; otherwise Spark has committed
-                # the micro-batches after the newest, and only it will do.
-                strict=interval is None,
-                option="checkpoint_location",
-                fresh_start="use another checkpoint_location, or delete this one to start over",
-            ),
+            described_inputs=self._described(inputs, streams),
+            checkpoints=_epoch_log_options(location, interval),
             progress=progress,
             event_log=event_log,
             nestable=False,
             progress_interval_s=progress_interval_s,
             event_log_progress_s=event_log_progress_s,
         )
-        assert checkpointing is not None  # checkpoints were given
-        event_time = (
-            EventTime(
-                sources={n: t for n, t in self._event_times.items() if n in streams},
-                columns={n: column for n, (column, _) in self._event_times.items()},
-                policy=watermark_policy(active.conf.get(WATERMARK_POLICY_CONF, None)),
-            )
-            if self._event_times
-            else None
-        )
-        loop = EpochLoop(
-            body=self._body,
-            spark=active,
-            inputs=inputs,
-            streams=streams,
-            state_names=state_names,
-            sinks=self._sinks_by_output,
-            listeners=self._listeners,
-            observers=observers,
-            checkpointing=checkpointing,
-            options=options,
-            event_time=event_time,
-        )
+        loop = self._epoch_loop(active, inputs, streams, observers, checkpointing, options)
         return _started(
             loop,
             inputs,
             location,
             partial(_triggered, available_now=available_now, processing_time=processing_time),
             available_now=available_now,
+        )
+
+    @property
+    def _state_names(self) -> frozenset[str]:
+        return frozenset(name for name, b in self._bindings.items() if b.state)
+
+    def _described(
+        self, inputs: Mapping[str, DataFrame], streams: tuple[str, ...]
+    ) -> dict[str, dict[str, Any]]:
+        """The inputs as the run's fingerprint and event log describe them."""
+        return {
+            name: {**described, "state": name in self._state_names, "streaming": name in streams}
+            for name, described in describe_inputs(inputs, ()).items()
+        }
+
+    def _epoch_loop(
+        self,
+        spark: SparkSession,
+        inputs: Mapping[str, DataFrame],
+        streams: tuple[str, ...],
+        observers: RunObservers,
+        checkpointing: Checkpointing | None,
+        options: EpochOptions,
+    ) -> EpochLoop:
+        assert checkpointing is not None  # the epoch log's checkpoints were given
+        return EpochLoop(
+            body=self._body,
+            spark=spark,
+            inputs=inputs,
+            streams=streams,
+            state_names=self._state_names,
+            sinks=self._sinks_by_output,
+            listeners=self._listeners,
+            observers=observers,
+            checkpointing=checkpointing,
+            options=options,
+            event_time=self._event_time(spark, streams),
+        )
+
+    def _event_time(self, spark: SparkSession, streams: tuple[str, ...]) -> EventTime | None:
+        """The run's watermarks and event-time steps; None when no input has event time."""
+        if not self._event_times:
+            return None
+        return EventTime(
+            sources={n: t for n, t in self._event_times.items() if n in streams},
+            columns={n: column for n, (column, _) in self._event_times.items()},
+            policy=watermark_policy(spark.conf.get(WATERMARK_POLICY_CONF, None)),
         )
 
     def _streams(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> tuple[str, ...]:
@@ -315,7 +313,11 @@ def _check_start(
     checkpoint_location: str | os.PathLike[str] | None,
     available_now: bool,
     processing_time: str | None,
-) -> None:
+    progress: bool | None,
+) -> str:
+    """``start()``'s location, trigger and progress option, checked: the location without
+    a trailing ``/``."""
+    check_progress_option(progress)
     if checkpoint_location is None:
         raise IterflowValueError(
             "start(checkpoint_location=...) is required: it holds the stream's offsets "
@@ -326,14 +328,21 @@ def _check_start(
         raise IterflowValueError(
             f"start(available_now=True, processing_time='{processing_time}'): choose one trigger"
         )
+    return os.fspath(checkpoint_location).rstrip("/")
 
 
 def _check_replays(
-    spark: SparkSession, streams: Mapping[str, DataFrame], sinks: Mapping[str, Sink], location: str
+    spark: SparkSession,
+    commit_interval_s: float | None,
+    streams: Mapping[str, DataFrame],
+    sinks: Mapping[str, Sink],
+    location: str,
 ) -> None:
     """``start(commit_interval_s=...)`` replays the epochs after the last commit on a restart:
     the sources must read them again, the offset log must be one a rewind reads, and the
-    sinks must drop what a crashed attempt wrote."""
+    sinks must drop what a crashed attempt wrote. Nothing to check without it."""
+    if commit_interval_s is None:
+        return
     check_replayable(dict(streams))
     check_offset_log(spark, f"{location}/{STREAM_DIR}")
     check_discarding(sinks, "start(commit_interval_s=...)")
@@ -378,3 +387,41 @@ def _check_stream_checkpoint(
         # them on other rows (or not at all).
         for sink in loop.sinks.values():
             sink.discard_after(spark, loop.epoch)
+
+
+def _epoch_options(
+    spark: SparkSession,
+    limits: tuple[int | None, int, int],
+    commit_interval_s: float | None,
+    keep_history: int | None,
+) -> EpochOptions:
+    """``start()``'s options of the epoch loop, checked; ``limits`` are its
+    ``max_rows_per_epoch``, ``max_feedback_rows`` and ``max_epochs_per_batch``."""
+    max_rows_per_epoch, max_feedback_rows, max_epochs_per_batch = limits
+    return EpochOptions(
+        max_rows_per_epoch=None
+        if max_rows_per_epoch is None
+        else at_least_one("max_rows_per_epoch", max_rows_per_epoch),
+        max_feedback_rows=at_least_one("max_feedback_rows", max_feedback_rows, zero=True),
+        max_epochs_per_batch=at_least_one("max_epochs_per_batch", max_epochs_per_batch),
+        driver_rows=driver_rows(spark),
+        commit_interval_s=commit_interval_s,
+        keep_history=keep_history_option(keep_history),
+        max_batches_behind=max(1, int(spark.conf.get(RETAINED_BATCHES_CONF, "100") or 100) // 2),
+    )
+
+
+def _epoch_log_options(location: str, commit_interval_s: float | None) -> CheckpointOptions:
+    """The epoch log's checkpoints under ``location``: one commit per epoch written."""
+    return CheckpointOptions(
+        directory=f"{location}/{EPOCHS_DIR}",
+        every=1,
+        asynchronous=False,
+        keep=2,
+        # Commits off the loop's path rewind Spark's checkpoint to the commit resumed
+        # from, so an older one serves too; otherwise Spark has committed the
+        # micro-batches after the newest, and only it will do.
+        strict=commit_interval_s is None,
+        option="checkpoint_location",
+        fresh_start="use another checkpoint_location, or delete this one to start over",
+    )

@@ -145,7 +145,7 @@ class UnboundedQuery:
             raise
         loop = self._loop  # feedback left after the last micro-batch drains while idle
         while True:
-            with loop.exclusive():
+            with loop.guard.exclusive():
                 committed = loop.committed_epoch == loop.epoch
                 if loop.in_flight == 0 and (committed or loop.options.commit_interval_s):
                     return
@@ -170,13 +170,13 @@ class UnboundedQuery:
         """True on a thread the iteration runs on (or one delivering its samples): waiting
         there for the end would deadlock."""
         return (
-            self._loop.in_epoch_thread
+            self._loop.guard.in_this_thread
             or threading.current_thread() is self._watcher
             or on_sampler_thread()
         )
 
     def _stop_stream(self) -> None:
-        with self._loop.exclusive():
+        with self._loop.guard.exclusive():
             pass  # the epochs in progress finish and commit first
         self._stream.stop()
 
@@ -197,11 +197,12 @@ class UnboundedQuery:
                     if self._stream.awaitTermination(POLL_S):  # type: ignore[arg-type]
                         break
                 except Exception:
-                    if loop.error is None:
+                    error = loop.guard.error
+                    if error is None:
                         if loop.stopping.is_set():
                             break  # a micro-batch refused after stop(); it runs again later
                         raise
-                    raise loop.error from loop.error.__cause__  # the round's own error, as raised
+                    raise error from error.__cause__  # the round's own error, as raised
                 if not self._available_now and not loop.stopping.is_set() and loop.in_flight > 0:
                     loop.drain_idle()
                 if not loop.stopping.is_set():

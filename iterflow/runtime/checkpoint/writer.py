@@ -14,7 +14,7 @@ import attrs
 from pyspark import InheritableThread
 from pyspark.sql import DataFrame, SparkSession
 
-from iterflow.errors import IterflowError, IterflowValueError, IterflowWarning
+from iterflow.errors import IterflowError, IterflowValueError, IterflowWarning, warn
 from iterflow.runtime.checkpoint.format import (
     MERGE,
     Checkpoint,
@@ -237,6 +237,25 @@ class Checkpointing:
     ) -> None:
         """Snapshot ``driver`` now and write epoch ``epoch`` (in the background when async)."""
         self.write_snapshot(epoch, self.snapshot(driver, epoch), variables, outputs)
+
+    def write_final(
+        self,
+        epoch: int,
+        driver: DriverState,
+        variables: Mapping[str, DataFrame],
+        outputs: Mapping[str, DataFrame],
+    ) -> None:
+        """Write the final epoch, with its outputs, and wait for it: it is flushed before
+        ``run()`` returns. A failure only warns: the result in hand is still right."""
+        try:
+            self.write(epoch, driver, variables, outputs)
+            self.wait()
+        except IterflowError as exc:
+            warn(
+                f"{exc}. The result is returned, but the final checkpoint is missing: "
+                "a later run() with this checkpoint_dir resumes from the last "
+                "committed epoch and runs the remaining rounds again"
+            )
 
     def write_snapshot(
         self,

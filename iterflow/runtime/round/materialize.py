@@ -134,11 +134,8 @@ def materialize(
     target_ids = {id(df) for df in distinct}
     extra_criteria = [df for df in criteria if id(df) not in target_ids]
     shared = len(distinct) > 1 or bool(extra_criteria) or bool(values)
-    # Over Spark Connect the checkpoint's statistics cannot be set afterwards (no JVM
-    # handle); checkpointing a persisted DataFrame gives them from the cache, which the
-    # same job fills: its real size, not an estimate compounded round after round.
-    # Rows iterflow holds on the driver already (a resident kernel's result): nothing to
-    # persist or checkpoint, and nothing of the JVM to ask (it would make their Dataset).
+    # Over Connect a persisted DataFrame's checkpoint takes its statistics from the cache
+    # (none can be set afterwards). Rows held on the driver already need no job at all.
     held = {id(df): table for df in distinct if (table := held_on_driver(df)) is not None}
     in_spark = [df for df in distinct if id(df) not in held]
     connect = {
@@ -156,22 +153,11 @@ def materialize(
         for df in in_spark:
             clock = time.perf_counter()
             if id(df) in on_driver and not has_user_type(df.schema):
-                # Alone in the round (nothing else reads it), a combined kernel result is
-                # combined here on the driver: no shuffle, no Python task for the combine.
-                table = None if shared else combined_on_driver(df)
-                if table is None:
-                    table = df.toArrow()
-                frames[id(df)] = held_frame(df.sparkSession, table.combine_chunks(), df.schema)
-                rows[id(df)] = table.num_rows
-                tables[id(df)] = table
+                frames[id(df)], tables[id(df)] = _collected(df, shared)
+                rows[id(df)] = tables[id(df)].num_rows
             else:
-                observation = step_observation(
-                    "rows", names.get(id(df), ()), tracker, watched=False
-                )
-                observed = observe_rows(df, observation, *metrics.get(id(df), ()))
-                frames[id(df)] = observed.localCheckpoint(eager=True)
-                deliver_observations(observed)
-                got = dict(observation.get)
+                step = names.get(id(df), ())
+                frames[id(df)], got = _checkpointed(df, step, tracker, metrics.get(id(df), ()))
                 rows[id(df)] = int(got.pop("rows"))
                 if id(df) in metrics:
                     aggregates[id(df)] = got
@@ -195,6 +181,28 @@ def materialize(
         seconds=seconds,
         aggregates=aggregates,
     )
+
+
+def _collected(df: DataFrame, shared: bool) -> tuple[DataFrame, Any]:
+    """``df`` collected to the driver: a local DataFrame over its rows, and their Arrow
+    table. Alone in the round (nothing else reads it), a combined kernel result is
+    combined here on the driver: no shuffle, no Python task for the combine."""
+    table = None if shared else combined_on_driver(df)
+    if table is None:
+        table = df.toArrow()
+    return held_frame(df.sparkSession, table.combine_chunks(), df.schema), table
+
+
+def _checkpointed(
+    df: DataFrame, step: tuple[str, ...], tracker: RoundTracker, metrics: Sequence[Column]
+) -> tuple[DataFrame, dict[str, Any]]:
+    """``df`` cut from its lineage by one job that also counts its rows (``"rows"``) and
+    computes ``metrics``: the checkpoint, and what the job observed."""
+    observation = step_observation("rows", step, tracker, watched=False)
+    observed = observe_rows(df, observation, *metrics)
+    frame = observed.localCheckpoint(eager=True)
+    deliver_observations(observed)
+    return frame, dict(observation.get)
 
 
 def _one_cell(df: DataFrame, epoch: int) -> Any:
