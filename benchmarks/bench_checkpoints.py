@@ -53,7 +53,7 @@ from _common import (
 )
 from pyspark.sql import DataFrame, SparkSession
 
-from iterflow.progress.events import read_events
+from iterflow.progress.event_log import read_events
 
 TARGET = 1.15
 # mode -> run() options; "none" writes no checkpoint.

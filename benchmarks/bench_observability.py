@@ -68,7 +68,7 @@ import iterflow as itf
 from iterflow.demo.pagerank import pagerank_body
 from iterflow.metrics import MetricsSnapshot
 from iterflow.progress.bar import ProgressBar
-from iterflow.progress.events import EventLog
+from iterflow.progress.event_log import EventLog
 
 TARGET = 1.05
 SAMPLING_TARGET = 1.02

@@ -25,7 +25,7 @@ from iterflow.errors import (
     worker_errors,
 )
 from iterflow.progress import IterationEnd, RoundEnd, RoundListener, RoundProgress, RoundSample
-from iterflow.records import Rollback, Termination
+from iterflow.reports import Rollback, Termination
 from iterflow.runtime.datacache.combine import CombineFn, combine
 from iterflow.runtime.datacache.driver_variables import to_arrow, vector, vector_cell
 from iterflow.runtime.spark.session import session

@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
 import iterflow as itf
-from iterflow.progress.events import read_events
+from iterflow.progress.event_log import read_events
 from iterflow.progress.plot import plot_events
-from iterflow.progress.report import format_report
+from iterflow.progress.table import format_report
 
 
 def _positive(value: str) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 
 from iterflow.errors import DivergenceError, IterflowTypeError, IterflowValueError
-from iterflow.records import RoundProgress, Termination
+from iterflow.reports import RoundProgress, Termination
 
 #: Termination reasons, in the order that picks ``Termination.reason``.
 REASONS: tuple[str, ...] = (

@@ -7,7 +7,7 @@ import select
 from datetime import datetime, timezone
 
 from iterflow.progress.bar import ProgressBar
-from iterflow.records import RoundProgress
+from iterflow.reports import RoundProgress
 
 
 def read_all(fd: int) -> str:

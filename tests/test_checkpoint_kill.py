@@ -12,7 +12,7 @@ import pytest
 from checkpoint_kill_job import EVERY, ROUNDS, VERTICES, path_ids
 from child_jobs import kill_when, run_to_end
 
-from iterflow.progress.events import read_events
+from iterflow.progress.event_log import read_events
 from iterflow.runtime.checkpoint.lease import LEASE
 
 pytestmark = pytest.mark.spark

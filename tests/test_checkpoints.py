@@ -14,8 +14,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.progress.events import read_events, round_ends
-from iterflow.progress.report import format_report
+from iterflow.progress.event_log import read_events, round_ends
+from iterflow.progress.table import format_report
 from iterflow.runtime.checkpoint.format import MARKER, epoch_dir
 from iterflow.runtime.datacache.driver_variables import DRIVER_ROWS_CONF
 
@@ -441,7 +441,7 @@ def test_driver_states_written_before_classes_moved_still_load() -> None:
     iterflow.progress.round and StreamPosition in iterflow.unbounded.epochs."""
     from datetime import datetime, timezone
 
-    from iterflow.records import RoundProgress
+    from iterflow.reports import RoundProgress
     from iterflow.runtime.checkpoint.format import DriverState, load_driver_state
     from iterflow.unbounded.epoch_log import StreamPosition
 
@@ -461,12 +461,12 @@ def test_driver_states_written_before_classes_moved_still_load() -> None:
     )
     raw = pickle.dumps(driver, protocol=2)  # names classes as "module\nname" text
     old = raw.replace(
-        b"iterflow.records\nRoundProgress", b"iterflow.progress.round\nRoundProgress"
+        b"iterflow.reports\nRoundProgress", b"iterflow.progress.round\nRoundProgress"
     ).replace(
         b"iterflow.unbounded.epoch_log\nStreamPosition",
         b"iterflow.unbounded.epochs\nStreamPosition",
     )
-    assert old != raw and b"iterflow.records\nRoundProgress" not in old
+    assert old != raw and b"iterflow.reports\nRoundProgress" not in old
     loaded = load_driver_state(old)
     assert loaded.history == [progress] and loaded.stream == position
 
@@ -474,7 +474,7 @@ def test_driver_states_written_before_classes_moved_still_load() -> None:
 def test_progress_pickled_before_epoch_paths_existed_gets_its_default() -> None:
     from datetime import datetime, timezone
 
-    from iterflow.records import RoundProgress
+    from iterflow.reports import RoundProgress
     from iterflow.runtime.checkpoint.format import _fill_defaults
 
     progress = RoundProgress(

@@ -20,7 +20,7 @@ from iterflow.progress.estimate import (
     count_series,
     estimate_remaining,
 )
-from iterflow.records import RoundProgress
+from iterflow.reports import RoundProgress
 
 
 def first_round_at_or_below(trend: Callable[[int], float], tol: float) -> int:

@@ -19,7 +19,7 @@ from test_unbounded import write_rows
 
 import iterflow as itf
 from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
-from iterflow.progress.events import read_events
+from iterflow.progress.event_log import read_events
 from iterflow.unbounded.event_time import EventTime, watermark_policy
 
 pytestmark = pytest.mark.spark

@@ -15,10 +15,10 @@ import pytest
 from iterflow.cli import main
 from iterflow.errors import IterflowError, IterflowValueError
 from iterflow.metrics.values import DistributionValue, MetricResult
-from iterflow.progress.events import EventLog, progress_to_dict, read_events
+from iterflow.progress.event_log import EventLog, progress_to_dict, read_events
 from iterflow.progress.plot import plot_events
-from iterflow.progress.report import format_report
-from iterflow.records import RoundProgress
+from iterflow.progress.table import format_report
+from iterflow.reports import RoundProgress
 from iterflow.termination import Termination
 
 ROUNDS = 6

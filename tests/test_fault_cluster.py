@@ -29,8 +29,8 @@ from child_jobs import run_job
 from fault_cluster_job import EDGES, ROUNDS
 from test_unbounded import write_numbers
 
-from iterflow.progress.events import read_events
-from iterflow.progress.report import format_report
+from iterflow.progress.event_log import read_events
+from iterflow.progress.table import format_report
 
 # Starts a local cluster of its own: with the cluster tier (`bash run.sh test --cluster`) and
 # the slow tests; CI keeps test_cluster_resident.py and the secured standalone job.

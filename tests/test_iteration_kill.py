@@ -15,7 +15,7 @@ from child_jobs import kill_when, run_to_end
 from iteration_kill_job import NESTED_EVERY, NESTED_ROUNDS, SINK_ROUNDS, sink_rows
 from pyspark.sql import SparkSession
 
-from iterflow.progress.events import read_events
+from iterflow.progress.event_log import read_events
 
 pytestmark = pytest.mark.spark
 

@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "iterflow"
 #: What either loop may import.
 LOOPS = (
     "iterflow.errors",
-    "iterflow.records",
+    "iterflow.reports",
     "iterflow.termination",
     "iterflow.progress",
     "iterflow.body",
@@ -31,11 +31,11 @@ LOOPS = (
 ALLOWED: dict[str, tuple[str, ...]] = {
     # Leaves: pure Python values and rules.
     "iterflow.errors": (),
-    "iterflow.records": (),
+    "iterflow.reports": (),
     "iterflow.windows": ("iterflow.errors",),
-    "iterflow.termination": ("iterflow.errors", "iterflow.records"),
-    "iterflow.metrics": ("iterflow.errors", "iterflow.records"),
-    "iterflow.progress": ("iterflow.errors", "iterflow.records", "iterflow.metrics"),
+    "iterflow.termination": ("iterflow.errors", "iterflow.reports"),
+    "iterflow.metrics": ("iterflow.errors", "iterflow.reports"),
+    "iterflow.progress": ("iterflow.errors", "iterflow.reports", "iterflow.metrics"),
     # The body a user writes, and the builder both iteration kinds share.
     "iterflow.body": ("iterflow.errors", "iterflow.termination"),
     "iterflow.builder": (
@@ -57,7 +57,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     ),
     "iterflow.runtime.progresstrack": (
         "iterflow.errors",
-        "iterflow.records",
+        "iterflow.reports",
         "iterflow.termination",
         "iterflow.metrics",
         "iterflow.progress",
@@ -72,7 +72,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     ),
     "iterflow.runtime.round": (
         "iterflow.errors",
-        "iterflow.records",
+        "iterflow.reports",
         "iterflow.termination",
         "iterflow.metrics",
         "iterflow.progress",
@@ -112,7 +112,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "iterflow",
         "iterflow.runtime",
         "iterflow.errors",
-        "iterflow.records",
+        "iterflow.reports",
         "iterflow.termination",
         "iterflow.metrics",
         "iterflow.progress",
@@ -132,7 +132,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
 #: Modules that import no Spark: the leaves (the metrics' Spark bridge aside).
 LEAVES = (
     "iterflow.errors",
-    "iterflow.records",
+    "iterflow.reports",
     "iterflow.termination",
     "iterflow.progress",
     "iterflow.windows",

@@ -143,7 +143,7 @@ def test_bad_input_is_named(spark):
 
 def test_kmeans_demo_finds_the_centers_and_its_loss_plots(spark, capsys, tmp_path):
     from iterflow.cli import main
-    from iterflow.progress.events import read_events
+    from iterflow.progress.event_log import read_events
     from iterflow.progress.plot import plot_events
 
     log = tmp_path / "kmeans.jsonl"

@@ -19,8 +19,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 import iterflow as itf
 from iterflow.progress.bar import ProgressBar
-from iterflow.progress.events import read_events
-from iterflow.progress.report import format_report
+from iterflow.progress.event_log import read_events
+from iterflow.progress.table import format_report
 
 pytestmark = pytest.mark.spark
 

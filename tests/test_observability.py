@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 import iterflow as itf
 from iterflow.cli import main
 from iterflow.metrics.values import DistributionValue, MetricResult
-from iterflow.progress.events import progress_to_dict, read_events
+from iterflow.progress.event_log import progress_to_dict, read_events
 
 pytestmark = pytest.mark.spark
 

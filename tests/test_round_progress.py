@@ -21,9 +21,9 @@ from pyspark.sql import functions as F
 from sessions import jobs_started
 
 import iterflow as itf
-from iterflow.progress.events import read_events
-from iterflow.progress.report import format_report
+from iterflow.progress.event_log import read_events
 from iterflow.progress.sampling import Reading, RoundGauge
+from iterflow.progress.table import format_report
 from iterflow.runtime.datacache.resident_policy import RESIDENT_CONF
 from iterflow.runtime.progresstrack.spark_status import _rows_of_steps
 

@@ -28,7 +28,7 @@ from iterflow.errors import IterflowWarning
 from iterflow.metrics.pusher import MetricsPusher
 from iterflow.metrics.sinks import GraphiteSink, HttpJsonSink, MetricsSink, PrometheusSink
 from iterflow.metrics.values import MetricResult, MetricsSnapshot
-from iterflow.records import RoundProgress
+from iterflow.reports import RoundProgress
 
 TIME = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 #: Slack for thread scheduling on a busy machine, on top of a documented bound.

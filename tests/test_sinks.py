@@ -30,7 +30,7 @@ from iterflow.metrics.sinks import (
     PrometheusSink,
 )
 from iterflow.metrics.values import DistributionValue, MetricResult, MetricsSnapshot
-from iterflow.records import RoundProgress
+from iterflow.reports import RoundProgress
 
 # 2024-01-02T03:04:05Z as Unix time.
 TIME = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)

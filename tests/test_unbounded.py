@@ -14,8 +14,8 @@ from pyspark.sql import functions as F
 
 import iterflow as itf
 from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
-from iterflow.progress.events import read_events
-from iterflow.progress.report import format_report
+from iterflow.progress.event_log import read_events
+from iterflow.progress.table import format_report
 
 
 def write_numbers(folder: Path, files: list[list[int]]) -> None:

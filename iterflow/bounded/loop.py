@@ -20,7 +20,7 @@ from iterflow.bounded.recovery import Recovery
 from iterflow.bounded.result import IterationResult
 from iterflow.errors import RoundError
 from iterflow.progress.listeners import ListenerSet
-from iterflow.records import RoundProgress, Termination
+from iterflow.reports import RoundProgress, Termination
 from iterflow.runtime.checkpoint.format import lost_checkpoint_block
 from iterflow.runtime.checkpoint.output_sinks import Sink
 from iterflow.runtime.checkpoint.writer import Checkpointing

@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from iterflow.bounded.result import IterationResult
 from iterflow.errors import IterflowError, IterflowValueError, RoundError, warn
-from iterflow.records import Rollback, describe_loss, executors_lost
+from iterflow.reports import Rollback, describe_loss, executors_lost
 from iterflow.runtime.checkpoint.format import Checkpoint
 from iterflow.runtime.checkpoint.output_sinks import Sink
 from iterflow.runtime.checkpoint.writer import Checkpointing

@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 from pyspark.sql import DataFrame
 
-from iterflow.records import Rollback, RoundProgress, Termination
+from iterflow.reports import Rollback, RoundProgress, Termination
 from iterflow.runtime.round.materialize import release
 
 

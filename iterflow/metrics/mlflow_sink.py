@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from iterflow.errors import IterflowError
 from iterflow.metrics.sinks import MetricsSink, redacted_url, without_secrets
 from iterflow.metrics.values import MetricsSnapshot, number_fields
-from iterflow.records import RoundProgress
+from iterflow.reports import RoundProgress
 
 if TYPE_CHECKING:
     from mlflow.entities import Metric, Param

@@ -24,7 +24,7 @@ import attrs
 from iterflow.errors import IterflowValueError, warn
 from iterflow.metrics.sinks import MetricsSink
 from iterflow.metrics.values import MetricsSnapshot
-from iterflow.records import RoundProgress
+from iterflow.reports import RoundProgress
 
 logger = logging.getLogger("iterflow.metrics")
 

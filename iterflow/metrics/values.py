@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import attrs
 
-from iterflow.records import RoundProgress
+from iterflow.reports import RoundProgress
 
 Kind = Literal["counter", "distribution", "gauge"]
 KINDS: tuple[Kind, ...] = ("counter", "distribution", "gauge")

@@ -8,7 +8,7 @@ from iterflow.progress.listeners import (
     RoundEnd,
     RoundListener,
 )
-from iterflow.records import RoundProgress, RoundSample
+from iterflow.reports import RoundProgress, RoundSample
 
 __all__ = [
     "Emitter",

@@ -15,7 +15,7 @@ from typing import IO
 
 from tqdm import tqdm
 
-from iterflow.records import RoundProgress, RoundSample
+from iterflow.reports import RoundProgress, RoundSample
 
 _WITH_TOTAL = "{desc} round {n_fmt}/{total_fmt} |{bar}| [{elapsed}{postfix}]"
 _OPEN = "{desc} round {n_fmt} [{elapsed}{postfix}]"

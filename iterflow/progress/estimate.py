@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from iterflow.errors import IterflowTypeError, IterflowValueError
-from iterflow.records import RoundProgress
+from iterflow.reports import RoundProgress
 
 # Values in the fit: few enough to follow a rate that changes as the iteration
 # settles, enough to tell a trend from noise.

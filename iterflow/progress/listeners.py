@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from iterflow.errors import IterflowTypeError, IterflowValueError
-from iterflow.records import RoundProgress, RoundSample, Termination
+from iterflow.reports import RoundProgress, RoundSample, Termination
 
 
 class RoundListener:

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from iterflow.errors import IterflowError
-from iterflow.progress.events import round_ends
-from iterflow.progress.report import ending, metric_points, round_values
+from iterflow.progress.event_log import round_ends
+from iterflow.progress.table import ending, metric_points, round_values
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from iterflow.records import RoundSample
+from iterflow.reports import RoundSample
 
 #: Below this fraction done, the previous round's duration estimates the time left better.
 _EARLY = 0.05

@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 
 from iterflow.errors import IterflowTypeError, IterflowValueError
-from iterflow.progress.events import progress_to_dict
-from iterflow.progress.report import metric_points, round_values
+from iterflow.progress.event_log import progress_to_dict
+from iterflow.progress.table import metric_points, round_values
 
 #: Rounds of history a failure message shows.
 SHOWN_ROUNDS = 5

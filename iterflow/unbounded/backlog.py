@@ -33,7 +33,7 @@ from urllib.parse import unquote
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from iterflow.records import RoundProgress
+from iterflow.reports import RoundProgress
 from iterflow.runtime.spark.files import Files, files_for
 from iterflow.runtime.spark.jvm import HadoopFiles, file_sources, stream_checkpoint, time_setting_ms
 from iterflow.unbounded.source_log import is_compaction, log_entries, log_files

@@ -32,7 +32,7 @@ from pyspark.sql import DataFrame, SparkSession
 from iterflow.body import IterationBody
 from iterflow.errors import IterflowError
 from iterflow.progress.listeners import ListenerSet
-from iterflow.records import Termination
+from iterflow.reports import Termination
 from iterflow.runtime.checkpoint.output_sinks import Sink
 from iterflow.runtime.checkpoint.writer import Checkpointing
 from iterflow.runtime.datacache.driver_variables import DRIVER_ROWS

@@ -9,7 +9,7 @@ from typing import Any
 from pyspark.sql.streaming import StreamingQuery
 
 from iterflow.errors import IterflowError
-from iterflow.records import RoundProgress, Termination
+from iterflow.reports import RoundProgress, Termination
 from iterflow.runtime.progresstrack.sampler import on_sampler_thread
 from iterflow.unbounded.backlog import SourceBacklog
 from iterflow.unbounded.epochs import EpochLoop

@@ -168,14 +168,17 @@ class Checkpoint:
 #: Classes a checkpoint's driver state may name by a module they have since moved from:
 #: (module, name) -> the module that holds the class now.
 MOVED_CLASSES = {
-    ("iterflow.progress.round", "RoundProgress"): "iterflow.records",
+    ("iterflow.progress.round", "RoundProgress"): "iterflow.reports",
     ("iterflow.unbounded.epochs", "StreamPosition"): "iterflow.unbounded.epoch_log",
     ("iterflow.runtime.checkpoint", "DriverState"): "iterflow.runtime.checkpoint.format",
 }
+#: Modules whose every class a checkpoint may name has moved: old module -> new one.
+MOVED_MODULES = {"iterflow.records": "iterflow.reports"}
 
 
 class _DriverStateUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
+        module = MOVED_MODULES.get(module, module)
         return super().find_class(MOVED_CLASSES.get((module, name), module), name)
 
 

@@ -32,8 +32,8 @@ from iterflow.progress.estimate import (
     count_series,
     estimate_remaining,
 )
-from iterflow.progress.events import EventLog
-from iterflow.records import Rollback, RoundProgress, RoundSample, Termination
+from iterflow.progress.event_log import EventLog
+from iterflow.reports import Rollback, RoundProgress, RoundSample, Termination
 from iterflow.runtime.progresstrack.sampler import RoundSampler
 from iterflow.runtime.progresstrack.tracker import RoundTracker
 from iterflow.runtime.spark.jvm import spark_context

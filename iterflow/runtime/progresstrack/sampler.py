@@ -25,7 +25,7 @@ from pyspark.sql import SparkSession
 
 from iterflow.errors import gist, warn
 from iterflow.progress.sampling import Reading, RoundGauge
-from iterflow.records import RoundSample
+from iterflow.reports import RoundSample
 from iterflow.runtime.progresstrack.spark_status import ClassicStatus, ConnectStatus, round_tag
 from iterflow.runtime.progresstrack.tracker import RoundSteps, RoundTracker
 from iterflow.runtime.spark.jvm import is_classic, observation_ready

@@ -30,7 +30,7 @@ from iterflow.body import IterationBody, RoundContext
 from iterflow.errors import IterflowError, RoundError
 from iterflow.metrics.values import MetricResult
 from iterflow.progress.listeners import Emitter, IterationEnd, ListenerSet, RoundEnd
-from iterflow.records import RoundProgress, Termination
+from iterflow.reports import RoundProgress, Termination
 from iterflow.runtime.checkpoint.format import DriverState
 from iterflow.runtime.checkpoint.output_sinks import Sink
 from iterflow.runtime.datacache.driver_variables import DriverVariables

@@ -27,7 +27,7 @@ from typing import Any
 
 from iterflow.errors import IterflowError, IterflowValueError
 from iterflow.metrics.values import MetricResult, results_to_json, value_to_json
-from iterflow.records import Rollback, RoundProgress, RoundSample, Termination
+from iterflow.reports import Rollback, RoundProgress, RoundSample, Termination
 
 
 def progress_to_dict(p: RoundProgress) -> dict[str, Any]:

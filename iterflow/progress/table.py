@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from iterflow.errors import IterflowValueError
-from iterflow.progress.events import main_run, ordered_rounds, round_ends
+from iterflow.progress.event_log import main_run, ordered_rounds, round_ends
 
 #: Round table headers for the RoundProgress fields; other columns keep their name.
 _LABELS = {
