@@ -14,12 +14,14 @@ termination conditions::
     result = itf.BoundedIteration(step).bind("x", df).until(itf.max_rounds(10)).run()
 """
 
-from iterflow import metrics
+from iterflow import metrics, progress
 from iterflow.body import Declaration, IterationBody, RoundContext, body
 from iterflow.bounded import BoundedIteration, IterationResult
 from iterflow.errors import (
     DivergenceError,
     IterflowError,
+    IterflowTypeError,
+    IterflowValueError,
     IterflowWarning,
     RoundError,
     worker_errors,
@@ -47,6 +49,8 @@ __all__ = [
     "IterationEnd",
     "IterationResult",
     "IterflowError",
+    "IterflowTypeError",
+    "IterflowValueError",
     "IterflowWarning",
     "Rollback",
     "RoundContext",
@@ -68,6 +72,7 @@ __all__ = [
     "empty",
     "max_rounds",
     "metrics",
+    "progress",
     "session",
     "to_arrow",
     "until",

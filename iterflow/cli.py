@@ -10,9 +10,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
 import iterflow as itf
-from iterflow.progress.event_log import read_events
-from iterflow.progress.plot import plot_events
-from iterflow.progress.table import format_report
 
 
 def _positive(value: str) -> int:
@@ -257,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run_converge(args: argparse.Namespace) -> int:
     import os
 
-    from iterflow.testing.cases import (
+    from iterflow.testing import (
         format_table,
         load_cases,
         plot_reports,
@@ -434,12 +431,13 @@ def run_online_kmeans_demo(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    print(format_report(read_events(args.log, args.run_id)), end="")
+    print(itf.progress.format_report(itf.progress.read_events(args.log, args.run_id)), end="")
     return 0
 
 
 def run_plot(args: argparse.Namespace) -> int:
-    figure = plot_events(read_events(args.log, args.run_id), metric=args.metric, log_y=args.log_y)
+    events = itf.progress.read_events(args.log, args.run_id)
+    figure = itf.progress.plot_events(events, metric=args.metric, log_y=args.log_y)
     try:
         figure.savefig(args.output, dpi=120)
     except (OSError, ValueError) as error:  # an unwritable path, an unknown image format

@@ -93,18 +93,14 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     # plot` does.
     "iterflow.testing": (
         "iterflow",
-        "iterflow.errors",
         "iterflow.graph",
         "iterflow.ml",
-        "iterflow.progress",
     ),
     "iterflow.cli": (
         "iterflow",
-        "iterflow.errors",
         "iterflow.demo",
         "iterflow.graph",
         "iterflow.ml",
-        "iterflow.progress",
         "iterflow.testing",
     ),
     # The package's own front: what it exports.
@@ -340,3 +336,26 @@ def test_no_six_lines_stand_in_both(first: str, second: str) -> None:
 
     ones, others = _windows(files(first)), _windows(files(second))
     assert [f"{ones[key]} ~ {others[key]}" for key in ones.keys() & others.keys()] == []
+
+
+#: Parts on the public door: they import ``iterflow``, and the public packages
+#: ``iterflow.graph`` and ``iterflow.ml`` as packages, never a module inside another part.
+ON_THE_DOOR = ("iterflow.graph", "iterflow.ml", "iterflow.demo", "iterflow.cli", "iterflow.testing")
+PUBLIC_PACKAGES = ("iterflow", "iterflow.graph", "iterflow.ml", "iterflow.testing")
+#: The demos are the command line's own: they stand beside their one caller.
+BESIDE = {"iterflow.cli": "iterflow.demo"}
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if m.startswith(ON_THE_DOOR)])
+def test_libraries_on_the_api_import_only_public_names(module: str) -> None:
+    part = part_of(module)
+    private = {
+        name
+        for name in imported_modules(module)
+        if name.startswith("iterflow")
+        and name not in PUBLIC_PACKAGES
+        and not (name == part or name.startswith(part + "."))
+        and not name.startswith(BESIDE.get(module, "-") + ".")
+        and (module, name) not in EXCEPTIONS
+    }
+    assert private == set()

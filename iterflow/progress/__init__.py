@@ -1,6 +1,14 @@
 """Progress of an iteration: listener dispatch, the progress bar, the event log, the
-estimate of what remains, reports and plots. Never imports Spark."""
+estimate of what remains, tables and plots. Never imports Spark.
 
+Public as ``itf.progress`` for reading what runs wrote (what ``iterflow report``,
+``iterflow plot`` and ``iterflow.testing`` use): ``read_events(path)`` reads an event
+log, ``format_report(events)`` makes its table per round, ``plot_events(events, ...)``
+draws its curves (matplotlib), ``round_values(event)`` and ``metric_points(events, name)``
+read one round's values and one metric's series, ``progress_to_dict(progress)`` is a
+``RoundProgress`` as its event-log line holds it."""
+
+from iterflow.progress.event_log import progress_to_dict, read_events
 from iterflow.progress.listeners import (
     Emitter,
     IterationEnd,
@@ -8,6 +16,8 @@ from iterflow.progress.listeners import (
     RoundEnd,
     RoundListener,
 )
+from iterflow.progress.plot import plot_events
+from iterflow.progress.table import format_report, metric_points, round_values
 from iterflow.reports import RoundProgress, RoundSample
 
 __all__ = [
@@ -18,4 +28,10 @@ __all__ = [
     "RoundListener",
     "RoundProgress",
     "RoundSample",
+    "format_report",
+    "metric_points",
+    "plot_events",
+    "progress_to_dict",
+    "read_events",
+    "round_values",
 ]

@@ -4,7 +4,9 @@
   or an ``IterationEnd``): :func:`assert_converges`, :func:`assert_terminated_by`,
   :func:`assert_monotone`, :func:`assert_rate`; and about a result DataFrame:
   :func:`assert_frame_close`.
-- :class:`ConvergenceCase` and :func:`run_cases`, which ``iterflow converge`` runs.
+- :class:`ConvergenceCase` and :func:`run_cases`, which ``iterflow converge`` runs, with
+  :func:`load_cases`, :func:`select`, :func:`format_table`, :func:`write_report` and
+  :func:`plot_reports` for its table, JSON report and plot.
 - The pytest plugin (``iterflow.testing.plugin``, registered on install): a
   session-scoped ``spark`` fixture and the ``spark`` and ``slow_spark`` markers.
 
@@ -21,7 +23,17 @@ from iterflow.testing.assertions import (
     metric_values,
     observed_rate,
 )
-from iterflow.testing.cases import CaseReport, ConvergenceCase, load_cases, run_case, run_cases
+from iterflow.testing.cases import (
+    CaseReport,
+    ConvergenceCase,
+    format_table,
+    load_cases,
+    plot_reports,
+    run_case,
+    run_cases,
+    select,
+    write_report,
+)
 
 __all__ = [
     "CaseReport",
@@ -32,9 +44,13 @@ __all__ = [
     "assert_monotone",
     "assert_rate",
     "assert_terminated_by",
+    "format_table",
     "load_cases",
     "metric_values",
     "observed_rate",
+    "plot_reports",
     "run_case",
     "run_cases",
+    "select",
+    "write_report",
 ]

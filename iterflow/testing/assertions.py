@@ -21,9 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from iterflow.errors import IterflowTypeError, IterflowValueError
-from iterflow.progress.event_log import progress_to_dict
-from iterflow.progress.table import metric_points, round_values
+import iterflow as itf
 
 #: Rounds of history a failure message shows.
 SHOWN_ROUNDS = 5
@@ -38,7 +36,7 @@ class ConvergenceAssertionError(AssertionError):
 def _run(result: Any) -> Any:
     missing = [a for a in ("termination", "rounds", "history") if not hasattr(result, a)]
     if missing:
-        raise IterflowTypeError(
+        raise itf.IterflowTypeError(
             f"expected an iteration's result (an IterationResult, a fitted model or an "
             f"IterationEnd), got {type(result).__name__} without {', '.join(missing)}"
         )
@@ -47,8 +45,11 @@ def _run(result: Any) -> Any:
 
 def metric_values(result: Any, metric: str) -> list[tuple[int, float]]:
     """``(epoch, value)`` of every round of ``result`` that has a value of ``metric``."""
-    rounds = [(p.epoch, round_values(progress_to_dict(p))) for p in _run(result).history]
-    return [(epoch, float(value)) for epoch, value in metric_points(rounds, metric)]
+    rounds = [
+        (p.epoch, itf.progress.round_values(itf.progress.progress_to_dict(p)))
+        for p in _run(result).history
+    ]
+    return [(epoch, float(value)) for epoch, value in itf.progress.metric_points(rounds, metric)]
 
 
 def _evidence(result: Any, metric: str | None = None) -> str:
@@ -60,7 +61,7 @@ def _evidence(result: Any, metric: str | None = None) -> str:
         f"after {run.rounds} rounds; last {min(SHOWN_ROUNDS, len(run.history))} rounds:"
     ]
     for p in list(run.history)[-SHOWN_ROUNDS:]:
-        values = round_values(progress_to_dict(p))
+        values = itf.progress.round_values(itf.progress.progress_to_dict(p))
         shown = {"converged_value": values.get("converged_value")}
         if metric is not None:
             shown[metric] = values.get(metric)
@@ -164,7 +165,7 @@ def _frame(data: Any, what: str) -> pd.DataFrame:
         return data.toPandas()
     if isinstance(data, Sequence) and all(isinstance(row, Mapping) for row in data):
         return pd.DataFrame(list(data))
-    raise IterflowTypeError(
+    raise itf.IterflowTypeError(
         f"{what} must be a DataFrame, a pandas DataFrame or a list of dicts, "
         f"got {type(data).__name__}"
     )
@@ -223,11 +224,11 @@ def assert_frame_close(
     for name, frame in (("actual_df", actual), ("expected", wanted)):
         missing = [k for k in keys if k not in frame.columns]
         if missing:
-            raise IterflowValueError(
+            raise itf.IterflowValueError(
                 f"{name} has no key column(s) {missing}; its columns are {list(frame.columns)}"
             )
         if frame.duplicated(keys).any():
-            raise IterflowValueError(f"{name} has duplicate keys {keys}; keys must be unique")
+            raise itf.IterflowValueError(f"{name} has duplicate keys {keys}; keys must be unique")
     columns = [c for c in wanted.columns if c not in keys]
     absent = [c for c in columns if c not in actual.columns]
     if absent:

@@ -12,7 +12,6 @@ import numpy as np
 import pyarrow as pa
 
 import iterflow as itf
-from iterflow.errors import IterflowError
 from iterflow.graph import Graph, connected_components, pagerank
 from iterflow.ml import kmeans, linear_regression, logistic_regression
 from iterflow.testing.cases import ConvergenceCase
@@ -24,7 +23,7 @@ def _networkx() -> Any:
     try:
         import networkx
     except ImportError:
-        raise IterflowError(
+        raise itf.IterflowError(
             "the built-in graph cases compute their reference with networkx: "
             "pip install iterflow[testing]"
         ) from None

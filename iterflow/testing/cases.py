@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 import iterflow as itf
-from iterflow.errors import IterflowError, IterflowValueError
 from iterflow.testing.assertions import observed_rate
 
 if TYPE_CHECKING:
@@ -188,11 +187,11 @@ def load_cases(module_name: str) -> list[ConvergenceCase]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise IterflowValueError(f"cannot import case module '{module_name}': {exc}") from exc
+        raise itf.IterflowValueError(f"cannot import case module '{module_name}': {exc}") from exc
     found: Iterable[Any] = getattr(module, "CASES", None) or vars(module).values()
     cases = [c for c in found if isinstance(c, ConvergenceCase)]
     if not cases:
-        raise IterflowValueError(
+        raise itf.IterflowValueError(
             f"module '{module_name}' has no ConvergenceCase (define CASES = [...] or "
             "module-level ConvergenceCase objects)"
         )
@@ -206,7 +205,7 @@ def select(cases: Sequence[ConvergenceCase], names: Sequence[str]) -> list[Conve
     known = {c.name: c for c in cases}
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise IterflowValueError(f"no case named {unknown}; the cases are {sorted(known)}")
+        raise itf.IterflowValueError(f"no case named {unknown}; the cases are {sorted(known)}")
     return [known[n] for n in names]
 
 
@@ -263,7 +262,7 @@ def plot_reports(reports: Sequence[CaseReport]) -> Figure:
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
     except ImportError:
-        raise IterflowError("plotting needs matplotlib: pip install iterflow[plot]") from None
+        raise itf.IterflowError("plotting needs matplotlib: pip install iterflow[plot]") from None
     figure = Figure(figsize=(8, 4.5), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()

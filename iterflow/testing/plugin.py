@@ -26,8 +26,6 @@ from typing import Any
 
 import pytest
 
-from iterflow.errors import IterflowValueError
-
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
@@ -97,7 +95,9 @@ def spark_settings(config: pytest.Config) -> tuple[str, dict[str, str]]:
     for line in config.getini("iterflow_spark_conf"):
         key, sep, value = str(line).partition("=")
         if not sep or not key.strip():
-            raise IterflowValueError(
+            import iterflow as itf
+
+            raise itf.IterflowValueError(
                 f"iterflow_spark_conf: '{line}' is not a key=value line, e.g. "
                 "spark.sql.adaptive.enabled=false"
             )
