@@ -10,8 +10,8 @@ from iterflow.ml.estimators import (
     LogisticRegressionModel,
 )
 from iterflow.ml.kmeans import KMeans, KMeansModel, kmeans
-from iterflow.ml.model import MLError
 from iterflow.ml.regression import RegressionModel, linear_regression, logistic_regression
+from iterflow.ml.training import MLError
 
 __all__ = [
     "KMeans",

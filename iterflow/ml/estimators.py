@@ -49,7 +49,6 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from iterflow.ml.features import linear_score
-from iterflow.ml.model import Fitted, MLError
 from iterflow.ml.params import (
     IterationOptions,
     SavedModel,
@@ -59,6 +58,7 @@ from iterflow.ml.params import (
     weight_column,
 )
 from iterflow.ml.regression import RegressionModel, linear_regression, logistic_regression
+from iterflow.ml.training import Fitted, MLError
 
 #: ``solver`` values: ``"lbfgs"`` (MLlib spells it ``"l-bfgs"``; ``"auto"`` picks it)
 #: and ``"gd"`` (gradient descent, with ``learningRate``).

@@ -41,7 +41,6 @@ from pyspark.sql.types import IntegerType, StructField, StructType
 
 import iterflow as itf
 from iterflow.ml.features import Features, features_of, matrix, used_rows, weights
-from iterflow.ml.model import Fitted, MLError, ModelStep, model_field, worker_errors
 from iterflow.ml.params import (
     IterationOptions,
     SavedModel,
@@ -50,6 +49,7 @@ from iterflow.ml.params import (
     param,
     weight_column,
 )
+from iterflow.ml.training import Fitted, MLError, ModelStep, model_field, worker_errors
 from iterflow.runtime.jvm import is_classic
 
 MODEL_SCHEMA = "centroids ARRAY<DOUBLE>, cost DOUBLE, shift DOUBLE"

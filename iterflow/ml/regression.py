@@ -43,8 +43,8 @@ from pyspark.sql import functions as F
 import iterflow as itf
 from iterflow.ml import lbfgs, lbfgs_regression
 from iterflow.ml.features import PARTITION, Features, features_of, linear_score, used_rows
-from iterflow.ml.model import Fitted, MLError, ModelStep, model_field, model_row, worker_errors
 from iterflow.ml.regression_problem import FitOptions, binary_labels, design, loss_sums, no_rows
+from iterflow.ml.training import Fitted, MLError, ModelStep, model_field, model_row, worker_errors
 
 MODEL_SCHEMA = "coefficients ARRAY<DOUBLE>, loss DOUBLE, change DOUBLE"
 

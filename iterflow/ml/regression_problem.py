@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from iterflow.ml.features import PARTITION, Features, matrix, numbers, weights
-from iterflow.ml.model import MLError
+from iterflow.ml.training import MLError
 
 #: ``solver=``: gradient descent, or L-BFGS (OWL-QN with an L1 part) as Spark MLlib runs it.
 SOLVERS = ("gd", "lbfgs")
