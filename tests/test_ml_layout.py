@@ -1,5 +1,5 @@
 """The house bounds on iterflow.ml: no import cycle between its files (imports inside
-functions and under TYPE_CHECKING count too)."""
+functions and under TYPE_CHECKING count too) and no function over 80 lines."""
 
 from __future__ import annotations
 
@@ -41,3 +41,15 @@ def test_no_import_cycle_between_the_files_of_ml() -> None:
     # (not one of its files) closes a cycle through it, so __init__ stays in the graph.
     assert len(graph.edges) > 10
     assert list(nx.simple_cycles(graph)) == []
+
+
+def test_no_function_of_ml_is_over_80_lines() -> None:
+    long = [
+        f"{path.name}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for path in MODULES.values()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > 80
+    ]
+    assert long == []

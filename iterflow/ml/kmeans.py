@@ -50,7 +50,6 @@ from iterflow.ml.params import (
     weight_column,
 )
 from iterflow.ml.training import Fitted, MLError, ModelStep, model_field, worker_errors
-from iterflow.runtime.jvm import is_classic
 
 MODEL_SCHEMA = "centroids ARRAY<DOUBLE>, cost DOUBLE, shift DOUBLE"
 PARTIAL_SCHEMA = "sums ARRAY<DOUBLE>, counts ARRAY<LONG>, cost DOUBLE"
@@ -178,6 +177,46 @@ def plus_plus(sample: np.ndarray, k: int, seed: int) -> np.ndarray:
             continue
         chosen.append(sample[rng.choice(len(sample), p=gaps / gaps.sum())])
     return np.array(chosen)
+
+
+def initial_centroids(df: DataFrame, spec: Features, k: int, init: Any, seed: int) -> np.ndarray:
+    """The ``(k, dims)`` centroids of round 0: ``init`` itself when it is an array, else
+    drawn from the rows with ``seed`` (``"random"``: k rows; ``"k-means++"``: k-means++
+    seeding on a sample of up to ``SEEDING_SAMPLE`` rows)."""
+    if not isinstance(init, str):
+        start = np.asarray(init, dtype=np.float64)
+        if start.shape != (k, spec.dims):
+            raise MLError(f"kmeans(init=...) must have shape ({k}, {spec.dims}), got {start.shape}")
+        return start
+    if init not in ("k-means++", "random"):
+        raise MLError(f"kmeans(init={init!r}): use 'k-means++', 'random' or the initial centroids")
+    if init == "random":
+        return seeding_sample(df, spec, k, seed)
+    return plus_plus(seeding_sample(df, spec, max(k, SEEDING_SAMPLE), seed), k, seed)
+
+
+def seeding_sample(df: DataFrame, spec: Features, wanted: int, seed: int) -> np.ndarray:
+    """Up to ``wanted`` rows' features as a ``(rows, dims)`` array, drawn with ``seed``: as
+    MLlib draws them (``RDD.takeSample``) where the session has RDDs. A null, NaN or
+    infinite value, or no row at all, is an ``MLError``."""
+    chosen = df.select(spec.as_array().alias("x"))
+    try:
+        rows = chosen.rdd
+    except NotImplementedError:  # Spark Connect has no RDDs: a seeded shuffle, then the first rows
+        drawn = chosen.orderBy(F.rand(seed)).limit(wanted).collect()
+    else:
+        drawn = rows.takeSample(False, wanted, seed)
+    if not drawn:
+        raise MLError(
+            f"kmeans() needs at least one point, and feature column(s) "
+            f"{list(spec.columns)} have no row (the DataFrame is empty)"
+        )
+    if any(r[0] is None or None in r[0] for r in drawn):
+        raise MLError(f"feature column(s) {list(spec.columns)}: a row has a null value")
+    sample = np.array([r[0] for r in drawn], dtype=np.float64).reshape(-1, spec.dims)
+    if not np.isfinite(sample).all():
+        raise MLError(f"feature column(s) {list(spec.columns)}: a row has a NaN or infinite value")
+    return sample
 
 
 def kmeans_body(spec: Features, weight: str | None, tol: float | None) -> Any:
@@ -398,34 +437,7 @@ def kmeans(
     if weight is not None and weight not in df.columns:
         raise MLError(f"kmeans(): no weight column '{weight}'; the columns are {df.columns}")
     seed = int(seed) & (2**63 - 1)  # pyspark.ml's default seeds may be negative
-    if isinstance(init, str):
-        if init not in ("k-means++", "random"):
-            raise MLError(
-                f"kmeans(init={init!r}): use 'k-means++', 'random' or the initial centroids"
-            )
-        wanted = k if init == "random" else max(k, SEEDING_SAMPLE)
-        chosen = df.select(spec.as_array().alias("x"))
-        if is_classic(chosen.sparkSession):
-            drawn = chosen.rdd.takeSample(False, wanted, seed)
-        else:  # Spark Connect has no RDDs: a seeded shuffle, then the first rows
-            drawn = chosen.orderBy(F.rand(seed)).limit(wanted).collect()
-        if not drawn:
-            raise MLError(
-                f"kmeans() needs at least one point, and feature column(s) "
-                f"{list(spec.columns)} have no row (the DataFrame is empty)"
-            )
-        if any(r[0] is None or None in r[0] for r in drawn):
-            raise MLError(f"feature column(s) {list(spec.columns)}: a row has a null value")
-        sample = np.array([r[0] for r in drawn], dtype=np.float64).reshape(-1, spec.dims)
-        if not np.isfinite(sample).all():
-            raise MLError(
-                f"feature column(s) {list(spec.columns)}: a row has a NaN or infinite value"
-            )
-        start = sample if init == "random" else plus_plus(sample, k, seed)
-    else:
-        start = np.asarray(init, dtype=np.float64)
-        if start.shape != (k, spec.dims):
-            raise MLError(f"kmeans(init=...) must have shape ({k}, {spec.dims}), got {start.shape}")
+    start = initial_centroids(df, spec, k, init, seed)
     model = df.sparkSession.createDataFrame(
         pa.table(
             [itf.vector_cell(start.ravel()), pa.array([float("nan")]), pa.array([float("inf")])],
