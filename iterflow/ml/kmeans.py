@@ -23,8 +23,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pyspark import keyword_only
-from pyspark.ml import Estimator, Model
+from pyspark.ml import Model
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (
     HasFeaturesCol,
@@ -34,7 +33,6 @@ from pyspark.ml.param.shared import (
     HasTol,
     HasWeightCol,
 )
-from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StructField, StructType
@@ -42,12 +40,10 @@ from pyspark.sql.types import IntegerType, StructField, StructType
 import iterflow as itf
 from iterflow.ml.features import Features, features_of, matrix, used_rows, weights
 from iterflow.ml.params import (
-    IterationOptions,
     SavedModel,
     TrainingSummary,
     choice,
     param,
-    weight_column,
 )
 from iterflow.ml.training import Fitted, MLError, ModelStep, model_field, worker_errors
 
@@ -250,7 +246,7 @@ def model_centroids(model: DataFrame, dims: int) -> np.ndarray:
 INIT_MODES = ("k-means||", "k-means++", "random")
 
 
-class _KMeansParams(HasFeaturesCol, HasPredictionCol, HasMaxIter, HasTol, HasSeed, HasWeightCol):
+class KMeansParams(HasFeaturesCol, HasPredictionCol, HasMaxIter, HasTol, HasSeed, HasWeightCol):
     """The Params of ``KMeans`` and ``KMeansModel``, as MLlib names them."""
 
     k: Param[int] = param(
@@ -274,7 +270,7 @@ class _KMeansParams(HasFeaturesCol, HasPredictionCol, HasMaxIter, HasTol, HasSee
         return str(self.getOrDefault(self.initMode))
 
 
-class KMeansModel(Model, _KMeansParams, SavedModel, Fitted):
+class KMeansModel(Model, KMeansParams, SavedModel, Fitted):
     """A fitted k-means model: ``centroids`` (k, d) and, when it was fitted here (not
     loaded), the run that made it (``rounds``, ``termination``, ``history``, ``summary``).
 
@@ -346,58 +342,6 @@ class KMeansModel(Model, _KMeansParams, SavedModel, Fitted):
     def _restore(self, learned: Mapping[str, Any]) -> None:
         self.centroids = np.asarray(learned["centroids"], dtype=np.float64)
         self._columns = learned.get("columns")
-
-
-class KMeans(
-    Estimator[KMeansModel],
-    _KMeansParams,
-    IterationOptions,
-    DefaultParamsReadable[Any],
-    DefaultParamsWritable,
-):
-    """k-means (Lloyd's algorithm) as a ``pyspark.ml`` Estimator, with MLlib's Params::
-
-        KMeans(k=3, maxIter=20, tol=1e-4, seed=1).setIterationOptions(progress=True).fit(df)
-
-    ``featuresCol`` is a Vector column (``VectorAssembler``'s output) or an array of
-    numbers; ``weightCol`` weighs each point. Runs ``kmeans()``: see its docstring.
-    """
-
-    @keyword_only
-    def __init__(
-        self,
-        *,
-        featuresCol: str = "features",
-        predictionCol: str = "prediction",
-        k: int = 2,
-        initMode: str = "k-means||",
-        maxIter: int = 20,
-        tol: float = 1e-4,
-        seed: int = 0,
-        weightCol: str | None = None,
-    ) -> None:
-        super().__init__()
-        self._set(**self._input_kwargs)  # type: ignore[attr-defined]
-
-    @keyword_only
-    def setParams(self, **kwargs: Any) -> KMeans:
-        """Sets the Params given by name."""
-        return self._set(**self._input_kwargs)  # type: ignore[attr-defined]
-
-    def _fit(self, dataset: DataFrame) -> KMeansModel:
-        mode = self.getInitMode()
-        model = kmeans(
-            dataset,
-            self.getK(),
-            features=self.getFeaturesCol(),
-            weight=weight_column(self),
-            max_rounds=self.getMaxIter(),
-            tol=self.getTol(),
-            init="k-means++" if mode == "k-means||" else mode,
-            seed=self.getSeed(),
-            **self.getIterationOptions(),
-        )
-        return self._copyValues(model)
 
 
 def kmeans(
