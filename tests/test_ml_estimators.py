@@ -104,16 +104,16 @@ def test_kmeans_estimator_saved_alone_keeps_its_params(spark, tmp_path):
     assert loaded.getWeightCol() == "w"
 
 
-#: Saved by iterflow 0.1.0, when KMeans lived in iterflow.ml.kmeans: the metadata of the
-#: KMeans stages names the class "iterflow.ml.kmeans.KMeans" (now iterflow.ml.estimators').
-SAVED_BY_0_1_0 = Path(__file__).parent / "data" / "ml_saved_by_0.1.0"
+#: Saved when KMeans lived in iterflow.ml.kmeans (it is iterflow.ml.estimators' now): the
+#: metadata of the KMeans stages names the class "iterflow.ml.kmeans.KMeans".
+SAVED_AT_OLD_PATH = Path(__file__).parent / "data" / "kmeans_saved_at_old_path"
 
 
 def test_kmeans_saved_under_its_old_class_path_still_loads(spark, tmp_path):
-    alone = KMeans.load(str(SAVED_BY_0_1_0 / "kmeans_estimator"))
+    alone = KMeans.load(str(SAVED_AT_OLD_PATH / "kmeans_estimator"))
     assert (alone.getK(), alone.getInitMode(), alone.getMaxIter()) == (4, "random", 7)
     assert (alone.getWeightCol(), alone.getSeed()) == ("w", 11)
-    stage = Pipeline.load(str(SAVED_BY_0_1_0 / "kmeans_pipeline")).getStages()[-1]
+    stage = Pipeline.load(str(SAVED_AT_OLD_PATH / "kmeans_pipeline")).getStages()[-1]
     assert isinstance(stage, KMeans)
     assert (stage.getK(), stage.getMaxIter(), stage.getSeed()) == (2, 5, 3)
     # Saved again, it names the class where it lives now, and loads from there.
@@ -122,7 +122,7 @@ def test_kmeans_saved_under_its_old_class_path_still_loads(spark, tmp_path):
     assert json.loads(metadata.read_text())["class"] == "iterflow.ml.estimators.KMeans"
     assert KMeans.load(str(tmp_path / "again")).getK() == 2
 
-    fitted = PipelineModel.load(str(SAVED_BY_0_1_0 / "kmeans_pipeline_model"))
+    fitted = PipelineModel.load(str(SAVED_AT_OLD_PATH / "kmeans_pipeline_model"))
     model = fitted.stages[-1]
     assert isinstance(model, KMeansModel) and model.getK() == 2
     np.testing.assert_array_equal(model.centroids, [[0.0, 0.0], [5.0, 5.0]])

@@ -14,6 +14,9 @@ It stops after ``max_rounds`` rounds, or when no centroid moved more than
 ``tol`` (termination ``converged``). The cost of each round (the sum of squared
 distances of the points to the centroids they were assigned to) is the gauge
 ``loss`` in ``RoundProgress.metrics``, so ``iterflow plot`` draws it.
+
+``kmeans()`` seeds and runs it and returns a ``KMeansModel``: the ``pyspark.ml`` Model
+that the ``KMeans`` Estimator (``iterflow.ml.estimators``) fits too.
 """
 
 from __future__ import annotations
