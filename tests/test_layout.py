@@ -120,10 +120,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 }
 
 #: (importing module, imported module): why the rule above does not hold there.
-EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("iterflow.ml.kmeans", "iterflow.runtime.spark.jvm"): "k-means++ samples as MLlib does "
-    "(RDD.takeSample) where the session is classic",
-}
+EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 #: Modules that import no Spark: the leaves (the metrics' Spark bridge aside).
 LEAVES = (

@@ -3,6 +3,9 @@ CrossValidator, bad input named; checked against MLlib's own estimators and nump
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -99,6 +102,33 @@ def test_kmeans_estimator_saved_alone_keeps_its_params(spark, tmp_path):
     loaded = KMeans.load(str(tmp_path / "estimator"))
     assert (loaded.getK(), loaded.getInitMode(), loaded.getMaxIter()) == (4, "random", 7)
     assert loaded.getWeightCol() == "w"
+
+
+#: Saved when KMeans lived in iterflow.ml.kmeans (it is iterflow.ml.estimators' now): the
+#: metadata of the KMeans stages names the class "iterflow.ml.kmeans.KMeans".
+SAVED_AT_OLD_PATH = Path(__file__).parent / "data" / "kmeans_saved_at_old_path"
+
+
+def test_kmeans_saved_under_its_old_class_path_still_loads(spark, tmp_path):
+    alone = KMeans.load(str(SAVED_AT_OLD_PATH / "kmeans_estimator"))
+    assert (alone.getK(), alone.getInitMode(), alone.getMaxIter()) == (4, "random", 7)
+    assert (alone.getWeightCol(), alone.getSeed()) == ("w", 11)
+    stage = Pipeline.load(str(SAVED_AT_OLD_PATH / "kmeans_pipeline")).getStages()[-1]
+    assert isinstance(stage, KMeans)
+    assert (stage.getK(), stage.getMaxIter(), stage.getSeed()) == (2, 5, 3)
+    # Saved again, it names the class where it lives now, and loads from there.
+    stage.write().save(str(tmp_path / "again"))
+    metadata = next((tmp_path / "again" / "metadata").glob("part-*"))
+    assert json.loads(metadata.read_text())["class"] == "iterflow.ml.estimators.KMeans"
+    assert KMeans.load(str(tmp_path / "again")).getK() == 2
+
+    fitted = PipelineModel.load(str(SAVED_AT_OLD_PATH / "kmeans_pipeline_model"))
+    model = fitted.stages[-1]
+    assert isinstance(model, KMeansModel) and model.getK() == 2
+    np.testing.assert_array_equal(model.centroids, [[0.0, 0.0], [5.0, 5.0]])
+    df = spark.createDataFrame([(0.5, -0.5), (4.0, 6.0), (1.0, 1.0)], ["a", "b"])
+    predicted = fitted.transform(df).orderBy("a").select("prediction").collect()
+    assert [row.prediction for row in predicted] == [0, 0, 1]
 
 
 def test_sparse_and_dense_vectors_and_columns_give_the_same_kmeans(spark, blobs):

@@ -1,8 +1,9 @@
-"""Linear and logistic regression as ``pyspark.ml`` Estimators, with MLlib's Params.
+"""k-means, linear and logistic regression as ``pyspark.ml`` Estimators, with MLlib's Params.
 
-They run ``linear_regression`` and ``logistic_regression`` (see ``iterflow.ml.regression``)
-and fit in a ``Pipeline`` after ``VectorAssembler`` or ``StandardScaler``, tune with
-``CrossValidator``, and save and load (a ``PipelineModel`` holding them too)::
+They run the short forms ``kmeans`` (``iterflow.ml.kmeans``), ``linear_regression`` and
+``logistic_regression`` (``iterflow.ml.regression``) and fit in a ``Pipeline`` after
+``VectorAssembler`` or ``StandardScaler``, tune with ``CrossValidator``, and save and load
+(a ``PipelineModel`` holding them too)::
 
     from pyspark.ml import Pipeline
     from pyspark.ml.feature import VectorAssembler
@@ -12,9 +13,10 @@ and fit in a ``Pipeline`` after ``VectorAssembler`` or ``StandardScaler``, tune 
     model = Pipeline(stages=[VectorAssembler(inputCols=names, outputCol="features"), lr]).fit(df)
     model.transform(df).select("rawPrediction", "probability", "prediction")
 
-The fitted models' ``transform`` adds MLlib's columns: ``predictionCol`` (and, for
+The fitted regressions' ``transform`` adds MLlib's columns: ``predictionCol`` (and, for
 logistic regression, ``rawPredictionCol`` and ``probabilityCol`` as Vectors), computed
-by Spark SQL expressions (no Python worker). ``summary`` has MLlib's
+by Spark SQL expressions (no Python worker). ``KMeans`` fits a ``KMeansModel``, the class
+that ``kmeans()`` returns too (``iterflow.ml.kmeans``). ``summary`` has MLlib's
 ``objectiveHistory`` and ``totalIterations``, and iterflow's run.
 """
 
@@ -49,7 +51,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from iterflow.ml.features import linear_score
-from iterflow.ml.model import Fitted, MLError
+from iterflow.ml.kmeans import KMeansModel, KMeansParams, kmeans
 from iterflow.ml.params import (
     IterationOptions,
     SavedModel,
@@ -59,6 +61,7 @@ from iterflow.ml.params import (
     weight_column,
 )
 from iterflow.ml.regression import RegressionModel, linear_regression, logistic_regression
+from iterflow.ml.training import Fitted, MLError
 
 #: ``solver`` values: ``"lbfgs"`` (MLlib spells it ``"l-bfgs"``; ``"auto"`` picks it)
 #: and ``"gd"`` (gradient descent, with ``learningRate``).
@@ -288,7 +291,60 @@ class LogisticRegression(Estimator[LogisticRegressionModel], _LogisticParams, _R
         return self._copyValues(LogisticRegressionModel(fitted))
 
 
+class KMeans(
+    Estimator[KMeansModel],
+    KMeansParams,
+    IterationOptions,
+    DefaultParamsReadable[Any],
+    DefaultParamsWritable,
+):
+    """k-means (Lloyd's algorithm) as a ``pyspark.ml`` Estimator, with MLlib's Params::
+
+        KMeans(k=3, maxIter=20, tol=1e-4, seed=1).setIterationOptions(progress=True).fit(df)
+
+    ``featuresCol`` is a Vector column (``VectorAssembler``'s output) or an array of
+    numbers; ``weightCol`` weighs each point. Runs ``kmeans()``: see its docstring.
+    """
+
+    @keyword_only
+    def __init__(
+        self,
+        *,
+        featuresCol: str = "features",
+        predictionCol: str = "prediction",
+        k: int = 2,
+        initMode: str = "k-means||",
+        maxIter: int = 20,
+        tol: float = 1e-4,
+        seed: int = 0,
+        weightCol: str | None = None,
+    ) -> None:
+        super().__init__()
+        self._set(**self._input_kwargs)  # type: ignore[attr-defined]
+
+    @keyword_only
+    def setParams(self, **kwargs: Any) -> KMeans:
+        """Sets the Params given by name."""
+        return self._set(**self._input_kwargs)  # type: ignore[attr-defined]
+
+    def _fit(self, dataset: DataFrame) -> KMeansModel:
+        mode = self.getInitMode()
+        model = kmeans(
+            dataset,
+            self.getK(),
+            features=self.getFeaturesCol(),
+            weight=weight_column(self),
+            max_rounds=self.getMaxIter(),
+            tol=self.getTol(),
+            init="k-means++" if mode == "k-means||" else mode,
+            seed=self.getSeed(),
+            **self.getIterationOptions(),
+        )
+        return self._copyValues(model)
+
+
 __all__ = [
+    "KMeans",
     "LinearRegression",
     "LinearRegressionModel",
     "LogisticRegression",

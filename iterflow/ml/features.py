@@ -23,7 +23,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, NumericType
 
-from iterflow.ml.model import MLError
+from iterflow.ml.training import MLError
 
 KINDS = ("columns", "array", "vector")
 #: The column a fit adds to number every row's partition (mini-batches are drawn per

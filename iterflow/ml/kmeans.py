@@ -14,6 +14,9 @@ It stops after ``max_rounds`` rounds, or when no centroid moved more than
 ``tol`` (termination ``converged``). The cost of each round (the sum of squared
 distances of the points to the centroids they were assigned to) is the gauge
 ``loss`` in ``RoundProgress.metrics``, so ``iterflow plot`` draws it.
+
+``kmeans()`` seeds and runs it and returns a ``KMeansModel``: the ``pyspark.ml`` Model
+that the ``KMeans`` Estimator (``iterflow.ml.estimators``) fits too.
 """
 
 from __future__ import annotations
@@ -23,8 +26,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pyspark import keyword_only
-from pyspark.ml import Estimator, Model
+from pyspark.ml import Model
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (
     HasFeaturesCol,
@@ -34,23 +36,19 @@ from pyspark.ml.param.shared import (
     HasTol,
     HasWeightCol,
 )
-from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StructField, StructType
 
 import iterflow as itf
 from iterflow.ml.features import Features, features_of, matrix, used_rows, weights
-from iterflow.ml.model import Fitted, MLError, ModelStep, model_field, worker_errors
 from iterflow.ml.params import (
-    IterationOptions,
     SavedModel,
     TrainingSummary,
     choice,
     param,
-    weight_column,
 )
-from iterflow.runtime.spark.jvm import is_classic
+from iterflow.ml.training import Fitted, MLError, ModelStep, model_field, worker_errors
 
 MODEL_SCHEMA = "centroids ARRAY<DOUBLE>, cost DOUBLE, shift DOUBLE"
 PARTIAL_SCHEMA = "sums ARRAY<DOUBLE>, counts ARRAY<LONG>, cost DOUBLE"
@@ -180,6 +178,46 @@ def plus_plus(sample: np.ndarray, k: int, seed: int) -> np.ndarray:
     return np.array(chosen)
 
 
+def initial_centroids(df: DataFrame, spec: Features, k: int, init: Any, seed: int) -> np.ndarray:
+    """The ``(k, dims)`` centroids of round 0: ``init`` itself when it is an array, else
+    drawn from the rows with ``seed`` (``"random"``: k rows; ``"k-means++"``: k-means++
+    seeding on a sample of up to ``SEEDING_SAMPLE`` rows)."""
+    if not isinstance(init, str):
+        start = np.asarray(init, dtype=np.float64)
+        if start.shape != (k, spec.dims):
+            raise MLError(f"kmeans(init=...) must have shape ({k}, {spec.dims}), got {start.shape}")
+        return start
+    if init not in ("k-means++", "random"):
+        raise MLError(f"kmeans(init={init!r}): use 'k-means++', 'random' or the initial centroids")
+    if init == "random":
+        return seeding_sample(df, spec, k, seed)
+    return plus_plus(seeding_sample(df, spec, max(k, SEEDING_SAMPLE), seed), k, seed)
+
+
+def seeding_sample(df: DataFrame, spec: Features, wanted: int, seed: int) -> np.ndarray:
+    """Up to ``wanted`` rows' features as a ``(rows, dims)`` array, drawn with ``seed``: as
+    MLlib draws them (``RDD.takeSample``) where the session has RDDs. A null, NaN or
+    infinite value, or no row at all, is an ``MLError``."""
+    chosen = df.select(spec.as_array().alias("x"))
+    try:
+        rows = chosen.rdd
+    except NotImplementedError:  # Spark Connect has no RDDs: a seeded shuffle, then the first rows
+        drawn = chosen.orderBy(F.rand(seed)).limit(wanted).collect()
+    else:
+        drawn = rows.takeSample(False, wanted, seed)
+    if not drawn:
+        raise MLError(
+            f"kmeans() needs at least one point, and feature column(s) "
+            f"{list(spec.columns)} have no row (the DataFrame is empty)"
+        )
+    if any(r[0] is None or None in r[0] for r in drawn):
+        raise MLError(f"feature column(s) {list(spec.columns)}: a row has a null value")
+    sample = np.array([r[0] for r in drawn], dtype=np.float64).reshape(-1, spec.dims)
+    if not np.isfinite(sample).all():
+        raise MLError(f"feature column(s) {list(spec.columns)}: a row has a NaN or infinite value")
+    return sample
+
+
 def kmeans_body(spec: Features, weight: str | None, tol: float | None) -> Any:
     """The k-means body: ``model`` (variable, one row) and ``points`` (data)."""
     prepare = feature_matrix(spec, weight)
@@ -211,7 +249,7 @@ def model_centroids(model: DataFrame, dims: int) -> np.ndarray:
 INIT_MODES = ("k-means||", "k-means++", "random")
 
 
-class _KMeansParams(HasFeaturesCol, HasPredictionCol, HasMaxIter, HasTol, HasSeed, HasWeightCol):
+class KMeansParams(HasFeaturesCol, HasPredictionCol, HasMaxIter, HasTol, HasSeed, HasWeightCol):
     """The Params of ``KMeans`` and ``KMeansModel``, as MLlib names them."""
 
     k: Param[int] = param(
@@ -235,7 +273,7 @@ class _KMeansParams(HasFeaturesCol, HasPredictionCol, HasMaxIter, HasTol, HasSee
         return str(self.getOrDefault(self.initMode))
 
 
-class KMeansModel(Model, _KMeansParams, SavedModel, Fitted):
+class KMeansModel(Model, KMeansParams, SavedModel, Fitted):
     """A fitted k-means model: ``centroids`` (k, d) and, when it was fitted here (not
     loaded), the run that made it (``rounds``, ``termination``, ``history``, ``summary``).
 
@@ -309,58 +347,6 @@ class KMeansModel(Model, _KMeansParams, SavedModel, Fitted):
         self._columns = learned.get("columns")
 
 
-class KMeans(
-    Estimator[KMeansModel],
-    _KMeansParams,
-    IterationOptions,
-    DefaultParamsReadable[Any],
-    DefaultParamsWritable,
-):
-    """k-means (Lloyd's algorithm) as a ``pyspark.ml`` Estimator, with MLlib's Params::
-
-        KMeans(k=3, maxIter=20, tol=1e-4, seed=1).setIterationOptions(progress=True).fit(df)
-
-    ``featuresCol`` is a Vector column (``VectorAssembler``'s output) or an array of
-    numbers; ``weightCol`` weighs each point. Runs ``kmeans()``: see its docstring.
-    """
-
-    @keyword_only
-    def __init__(
-        self,
-        *,
-        featuresCol: str = "features",
-        predictionCol: str = "prediction",
-        k: int = 2,
-        initMode: str = "k-means||",
-        maxIter: int = 20,
-        tol: float = 1e-4,
-        seed: int = 0,
-        weightCol: str | None = None,
-    ) -> None:
-        super().__init__()
-        self._set(**self._input_kwargs)  # type: ignore[attr-defined]
-
-    @keyword_only
-    def setParams(self, **kwargs: Any) -> KMeans:
-        """Sets the Params given by name."""
-        return self._set(**self._input_kwargs)  # type: ignore[attr-defined]
-
-    def _fit(self, dataset: DataFrame) -> KMeansModel:
-        mode = self.getInitMode()
-        model = kmeans(
-            dataset,
-            self.getK(),
-            features=self.getFeaturesCol(),
-            weight=weight_column(self),
-            max_rounds=self.getMaxIter(),
-            tol=self.getTol(),
-            init="k-means++" if mode == "k-means||" else mode,
-            seed=self.getSeed(),
-            **self.getIterationOptions(),
-        )
-        return self._copyValues(model)
-
-
 def kmeans(
     df: DataFrame,
     k: int,
@@ -398,34 +384,7 @@ def kmeans(
     if weight is not None and weight not in df.columns:
         raise MLError(f"kmeans(): no weight column '{weight}'; the columns are {df.columns}")
     seed = int(seed) & (2**63 - 1)  # pyspark.ml's default seeds may be negative
-    if isinstance(init, str):
-        if init not in ("k-means++", "random"):
-            raise MLError(
-                f"kmeans(init={init!r}): use 'k-means++', 'random' or the initial centroids"
-            )
-        wanted = k if init == "random" else max(k, SEEDING_SAMPLE)
-        chosen = df.select(spec.as_array().alias("x"))
-        if is_classic(chosen.sparkSession):
-            drawn = chosen.rdd.takeSample(False, wanted, seed)
-        else:  # Spark Connect has no RDDs: a seeded shuffle, then the first rows
-            drawn = chosen.orderBy(F.rand(seed)).limit(wanted).collect()
-        if not drawn:
-            raise MLError(
-                f"kmeans() needs at least one point, and feature column(s) "
-                f"{list(spec.columns)} have no row (the DataFrame is empty)"
-            )
-        if any(r[0] is None or None in r[0] for r in drawn):
-            raise MLError(f"feature column(s) {list(spec.columns)}: a row has a null value")
-        sample = np.array([r[0] for r in drawn], dtype=np.float64).reshape(-1, spec.dims)
-        if not np.isfinite(sample).all():
-            raise MLError(
-                f"feature column(s) {list(spec.columns)}: a row has a NaN or infinite value"
-            )
-        start = sample if init == "random" else plus_plus(sample, k, seed)
-    else:
-        start = np.asarray(init, dtype=np.float64)
-        if start.shape != (k, spec.dims):
-            raise MLError(f"kmeans(init=...) must have shape ({k}, {spec.dims}), got {start.shape}")
+    start = initial_centroids(df, spec, k, init, seed)
     model = df.sparkSession.createDataFrame(
         pa.table(
             [itf.vector_cell(start.ravel()), pa.array([float("nan")]), pa.array([float("inf")])],

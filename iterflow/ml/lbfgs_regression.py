@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import numpy as np
@@ -38,11 +38,8 @@ from pyspark.sql import functions as F
 import iterflow as itf
 from iterflow.ml import lbfgs
 from iterflow.ml.features import PARTITION
-from iterflow.ml.model import MLError, ModelStep, model_field, model_row
-from iterflow.ml.regression import loss_sums, no_rows
-
-if TYPE_CHECKING:
-    from iterflow.ml.regression import FitOptions
+from iterflow.ml.regression_problem import FitOptions, loss_sums, no_rows
+from iterflow.ml.training import MLError, ModelStep, model_field, model_row
 
 #: The model of an L-BFGS run, one row: the coefficients in the raw space (intercept last)
 #: and the objective at them, whether the optimizer runs, the data's statistics, and the

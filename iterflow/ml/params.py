@@ -26,7 +26,7 @@ from pyspark.ml.util import (
 )
 
 import iterflow as itf
-from iterflow.ml.model import MLError
+from iterflow.ml.training import MLError
 
 M = TypeVar("M", bound="SavedModel")
 

@@ -1,5 +1,6 @@
-"""What every iterflow.ml trainer shares: its error type, one-row models, the CombineFn
-base of its round, fitted models."""
+"""What training shares across iterflow.ml's trainers: the error type, reading the one-row
+model variable, the CombineFn base of a round (``ModelStep``), and the run behind a fitted
+model (``Fitted``)."""
 
 from __future__ import annotations
 

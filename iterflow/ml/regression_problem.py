@@ -1,0 +1,159 @@
+"""A regression to fit, whichever solver fits it: what was asked (``FitOptions``,
+checked), the rows as columnar data (``design``), and their loss and gradient
+(``loss_sums``), the kernel that gradient descent (``iterflow.ml.regression``) and
+L-BFGS (``iterflow.ml.lbfgs_regression``) both run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+import pyarrow as pa
+
+from iterflow.ml.features import PARTITION, Features, matrix, numbers, weights
+from iterflow.ml.training import MLError
+
+#: ``solver=``: gradient descent, or L-BFGS (OWL-QN with an L1 part) as Spark MLlib runs it.
+SOLVERS = ("gd", "lbfgs")
+# ``PARTITION`` (features.py) brings every row's partition to ``prepare``: a partition's
+# mini-batch is drawn from a stream seeded by (seed, epoch, partition), the same on every path.
+
+
+def design(
+    features: Features,
+    label: str,
+    weight: str | None,
+    class_weight: Mapping[Any, float] | None,
+) -> Callable[[pa.Table], pa.Table]:
+    """A ``columnar`` prepare step: ``x`` (each row's features), ``y`` and ``v`` (weights),
+    and ``part`` (the row's partition). A value that is not a finite number, or a negative
+    weight, is an ``MLError`` naming its column."""
+
+    def prepare(table: pa.Table) -> pa.Table:
+        x = matrix(table, features)
+        y = numbers(table, label, "label")
+        v = np.ones(len(y)) if weight is None else weights(table, weight)
+        if class_weight is not None:
+            v = v * np.array([class_weight.get(c, 1.0) for c in y.tolist()], dtype=np.float64)
+        rows = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), features.dims)
+        return pa.table({"x": rows, "y": y, "v": v, "part": table[PARTITION]})
+
+    return prepare
+
+
+def binary_labels(
+    prepare: Callable[[pa.Table], pa.Table], label: str
+) -> Callable[[pa.Table], pa.Table]:
+    """``prepare``, checking that every label is 0 or 1 (logistic regression's)."""
+
+    def checked(table: pa.Table) -> pa.Table:
+        prepared = prepare(table)
+        y = prepared["y"].to_numpy()
+        if not ((y == 0.0) | (y == 1.0)).all():
+            odd = sorted(set(y[(y != 0.0) & (y != 1.0)].tolist()))[:3]
+            raise MLError(f"label column '{label}' must hold 0 and 1 only; found {odd}")
+        return prepared
+
+    return checked
+
+
+def loss_sums(
+    kind: str, x: np.ndarray, y: np.ndarray, v: np.ndarray, coefficients: np.ndarray
+) -> tuple[np.ndarray, float]:
+    """The rows' summed loss at ``coefficients`` (intercept last) and its gradient: the
+    kernel of both solvers. Linear: ``sum v (z - y)^2 / 2``; logistic: ``sum v log(1 +
+    exp(-(2y-1) z))``, with ``z = x.w + b``."""
+    z = x @ coefficients[:-1] + coefficients[-1]
+    if kind == "linear":
+        residual = z - y
+        loss = 0.5 * float(np.sum(v * residual**2))
+        slope = v * residual
+    else:
+        sign = 2.0 * y - 1.0
+        loss = float(np.sum(v * np.logaddexp(0.0, -sign * z)))
+        slope = v * (1.0 / (1.0 + np.exp(-z)) - y)
+    return np.append(x.T @ slope, slope.sum()), loss
+
+
+def no_rows(kind: str, fraction: float = 1.0) -> str:
+    """What an ``MLError`` says when a fit sums no weight: no rows, or every weight 0."""
+    batch = " (or this round's mini-batch drew none: raise batch_fraction)" if fraction < 1 else ""
+    return (
+        f"{kind}_regression() has no rows to fit: the DataFrame is empty or every row's "
+        f"weight is 0{batch}"
+    )
+
+
+def _positive(instance: object, field: attrs.Attribute[float], value: float) -> None:
+    if not value > 0:
+        raise MLError(f"{field.name}={value} must be positive")
+
+
+def _not_negative(instance: object, field: attrs.Attribute[float], value: float) -> None:
+    if value < 0:
+        raise MLError(f"{field.name}={value} must not be negative")
+
+
+def _fraction(instance: object, field: attrs.Attribute[float], value: float) -> None:
+    if not 0.0 < value <= 1.0:
+        raise MLError(f"{field.name}={value} must be in (0, 1]")
+
+
+def _unit(instance: object, field: attrs.Attribute[float], value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise MLError(f"{field.name}={value} must be in [0, 1]")
+
+
+def _solver(instance: object, field: attrs.Attribute[str], value: str) -> None:
+    if value not in SOLVERS:
+        raise MLError(f"solver={value!r} is not one of {list(SOLVERS)}")
+
+
+def _memory(instance: object, field: attrs.Attribute[int], value: int) -> None:
+    if value < 1:
+        raise MLError(f"memory={value} must be at least 1 (pairs kept by L-BFGS)")
+
+
+@attrs.frozen(kw_only=True)
+class FitOptions:
+    """What ``linear_regression`` and ``logistic_regression`` were asked for, as one value;
+    a step size, penalty or batch fraction out of range fails here, named."""
+
+    kind: str  # "linear" or "logistic"
+    features: Sequence[str] | str
+    label: str
+    weight: str | None
+    class_weight: Mapping[Any, float] | None = None
+    learning_rate: float = attrs.field(validator=_positive)
+    reg: float = attrs.field(validator=_not_negative)
+    max_rounds: int
+    tol: float | None
+    loss_tol: float | None
+    batch_fraction: float = attrs.field(validator=_fraction)
+    seed: int
+    listen: Any
+    run_options: Mapping[str, Any]
+    solver: str = attrs.field(default="gd", validator=_solver)
+    elastic_net: float = attrs.field(default=0.0, validator=_unit)
+    standardization: bool = False
+    fit_intercept: bool = True
+    memory: int = attrs.field(default=10, validator=_memory)
+
+    def __attrs_post_init__(self) -> None:
+        if self.solver == "gd":
+            if self.elastic_net > 0:
+                raise MLError(
+                    f"elastic_net={self.elastic_net} needs solver='lbfgs' (OWL-QN); "
+                    "gradient descent takes an L2 penalty only"
+                )
+            if self.standardization:
+                raise MLError("standardization=True needs solver='lbfgs'")
+        elif self.batch_fraction < 1.0:
+            raise MLError(
+                f"batch_fraction={self.batch_fraction} is for solver='gd'; L-BFGS evaluates "
+                "every row in every round"
+            )
+        elif self.loss_tol is not None:
+            raise MLError("loss_tol is for solver='gd'; L-BFGS stops by tol, as Spark MLlib")
