@@ -27,7 +27,7 @@ from iterflow.graph import (
     shortest_paths,
     weighted_shortest_paths,
 )
-from iterflow.graph.vectors import LIMIT_CONF, choose_method
+from iterflow.graph.methods import LIMIT_CONF, choose_method
 
 pytestmark = pytest.mark.spark
 SLOW = pytest.mark.slow_spark  # extra block counts and seeds: `bash run.sh test --slow`

@@ -43,7 +43,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegralType
 
-from iterflow.graph.model import GraphError, stray_ends
+from iterflow.graph.graphs import GraphError, stray_ends
 
 #: At most this many vertices in a block (a slice of doubles: 32 MiB).
 BLOCK_VERTICES = 1 << 22

@@ -19,8 +19,8 @@ from pyspark.sql import functions as F
 import iterflow as itf
 from iterflow.graph import block_state
 from iterflow.graph.components import undirected_edges
-from iterflow.graph.model import GraphError, as_graph, graph_result, with_column
-from iterflow.graph.vectors import choose_method
+from iterflow.graph.graphs import GraphError, as_graph, graph_result, with_column
+from iterflow.graph.methods import choose_method
 
 
 @itf.body

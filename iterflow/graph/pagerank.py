@@ -35,13 +35,9 @@ from pyspark.sql import functions as F
 
 import iterflow as itf
 from iterflow.graph import block_state
-from iterflow.graph.model import GraphError, as_graph, graph_result, with_column
-from iterflow.graph.vectors import (
-    cell_values,
-    choose_method,
-    edge_positions,
-    vertex_ids,
-)
+from iterflow.graph.graphs import GraphError, as_graph, graph_result, with_column
+from iterflow.graph.methods import choose_method
+from iterflow.graph.vectors import cell_values, edge_positions, vertex_ids
 
 ALPHA = 0.85
 

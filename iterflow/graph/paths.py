@@ -20,9 +20,10 @@ from pyspark.sql.types import StructField, StructType
 
 import iterflow as itf
 from iterflow.graph import block_state
-from iterflow.graph.model import GraphError, as_graph, graph_result, with_column
-from iterflow.graph.pregel import Pregel, PregelProgram, shown
-from iterflow.graph.vectors import choose_method
+from iterflow.graph.graphs import GraphError, as_graph, graph_result, with_column
+from iterflow.graph.methods import choose_method
+from iterflow.graph.pregel import PregelProgram, shown
+from iterflow.graph.pregel_columns import Pregel
 
 
 @itf.body

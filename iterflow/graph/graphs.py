@@ -1,4 +1,6 @@
 """The graph data model of GraphFrames: vertices with ``id``, edges with ``src`` and ``dst``.
+Here are the ``Graph`` that holds them, the checks that a graph follows the model
+(``GraphError``), and how a graph function takes a graph in and gives its vertices back.
 
 Every function of ``iterflow.graph`` takes an ``iterflow.graph.Graph`` or any object
 with ``.vertices`` and ``.edges`` DataFrames (a GraphFrame). Written on iterflow's
