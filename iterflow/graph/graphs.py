@@ -9,6 +9,7 @@ public API only, like any user code.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -148,3 +149,23 @@ def graph_result(graph: Any, vertices: DataFrame) -> Any:
     if isinstance(graph, GraphFrame):
         return GraphFrame(vertices, graph.edges)
     return vertices
+
+
+def run_iteration(
+    iteration: Any,
+    listen: Any,
+    run_options: Mapping[str, Any],
+    *,
+    release: Callable[[], None] | None = None,
+) -> itf.IterationResult:
+    """The end of a graph run: ``listen`` after every round, run (a ``GraphError`` that a
+    kernel raised in a worker, such as an edge to no vertex, surfaces as itself), then
+    ``release`` what the run held (a block layout), however it ended."""
+    if listen is not None:
+        iteration = iteration.listen(listen)
+    try:
+        with itf.worker_errors(GraphError):
+            return iteration.run(**run_options)
+    finally:
+        if release is not None:
+            release()

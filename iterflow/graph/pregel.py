@@ -44,8 +44,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 import iterflow as itf
-from iterflow.graph import block_state
-from iterflow.graph.graphs import Graph, GraphError, as_graph, graph_result
+from iterflow.graph.block_edges import check_block, edge_file, edge_rows, gathered
+from iterflow.graph.block_layout import Layout, apart, vertex_layout
+from iterflow.graph.graphs import Graph, GraphError, as_graph, graph_result, run_iteration
 from iterflow.graph.methods import choose_method
 from iterflow.graph.pregel_columns import DST, EDGE, MSG, OLD, SRC, Pregel, sent_nothing
 
@@ -115,7 +116,7 @@ def pregel_body(
         ctx: itf.RoundContext,
     ) -> itf.Declaration:
         if gather is not None:  # vertex rows are joined, never broadcast from the driver
-            vertices = block_state.apart(vertices)
+            vertices = apart(vertices)
         parts = []
         if send_to_dst is not None:
             parts.append(sent(ctx, active_vertices, out_edges, vertices, True, send_to_dst))
@@ -259,27 +260,13 @@ class PregelProgram:
                 "pick new names for the state columns"
             )
         vertices = g.vertices.select("*", *(expr.alias(name) for name, expr in init.items()))
-        spark = g.vertices.sparkSession
         lay = None
         gather = None
         if method == "blocks":
-            lay = block_state.layout(g.vertices, n, block_state.block_count(spark, n, 0, blocks))
-            placed = lay.place(vertices, "id", _BLOCK, _OFFSET)
-            vertices = placed.select(*vertices.columns, _BLOCK, _OFFSET)
-            kept = tuple(EDGE + c for c in g.edges.columns)
-            edges = g.edges.select(
-                "src", "dst", *(F.col(c).alias(EDGE + c) for c in g.edges.columns)
-            )
-            gather = BlockGather(
-                block_state.edge_file(
-                    "pregel()", by_source=True, distinct=False, columns=kept, dense=lay.dense
-                ),
-                edges.select(*kept).schema,
-            )
-            out_edges = block_state.edge_rows(lay, edges, columns=kept)
-            in_edges = block_state.edge_rows(lay, edges, reverse=True, columns=kept)
+            lay = vertex_layout(g.vertices, n, blocks)
+            vertices, out_edges, in_edges, gather = _on_blocks(lay, vertices, g.edges)
         else:
-            partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 8)
+            partitions = int(g.vertices.sparkSession.conf.get("spark.sql.shuffle.partitions") or 8)
             out_edges = g.edges.repartition(partitions, "src")
             in_edges = g.edges.repartition(partitions, "dst")
         iteration = (
@@ -304,13 +291,29 @@ class PregelProgram:
         )
         if max_rounds is not None:
             iteration = iteration.until(itf.max_rounds(max_rounds))
-        if listen is not None:
-            iteration = iteration.listen(listen)
-        try:
-            return iteration.run(**run_options)
-        finally:
-            if lay is not None:
-                lay.release()
+        release = lay.release if lay is not None else None
+        return run_iteration(iteration, listen, run_options, release=release)
+
+
+def _on_blocks(
+    lay: Layout, vertices: DataFrame, edges: DataFrame
+) -> tuple[DataFrame, DataFrame, DataFrame, BlockGather]:
+    """The block path's vertices (with their block and offset), out-edges and in-edges (in
+    the partition of their source block, and of their destination block), and the gather
+    that reads the senders' edges from their edge files."""
+    placed = lay.place(vertices, "id", _BLOCK, _OFFSET)
+    kept = tuple(EDGE + c for c in edges.columns)
+    ends = edges.select("src", "dst", *(F.col(c).alias(EDGE + c) for c in edges.columns))
+    gather = BlockGather(
+        edge_file("pregel()", by_source=True, distinct=False, columns=kept, dense=lay.dense),
+        ends.select(*kept).schema,
+    )
+    return (
+        placed.select(*vertices.columns, _BLOCK, _OFFSET),
+        edge_rows(lay, ends, columns=kept),
+        edge_rows(lay, ends, reverse=True, columns=kept),
+        gather,
+    )
 
 
 def shown(result: itf.IterationResult) -> DataFrame:
@@ -344,9 +347,9 @@ class BlockGather:
 
 def _gather(me: str, columns: list[str], edge_columns: list[str]) -> Any:
     def gather(table: pa.Table, rows: pa.Table) -> pa.Table:
-        block_state.check_block(table, int(rows[_BLOCK][0].as_py()))
+        check_block(table, int(rows[_BLOCK][0].as_py()))
         offsets = rows[_OFFSET].to_numpy(zero_copy_only=False)
-        at, owner = block_state.gathered(table["so"].to_numpy(), offsets)
+        at, owner = gathered(table["so"].to_numpy(), offsets)
         senders = rows.select(columns).take(pa.array(owner))
         edges = table.select(edge_columns).take(pa.array(at))
         return pa.Table.from_arrays(
