@@ -112,7 +112,8 @@ from pyspark.sql import functions as F
 
 import iterflow as itf
 from iterflow.graph import Graph, connected_components, pagerank
-from iterflow.graph.pregel import Pregel, pregel
+from iterflow.graph.pregel import pregel
+from iterflow.graph.pregel_columns import Pregel
 
 TARGET = 1.0
 SEED = 0

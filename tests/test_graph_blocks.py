@@ -19,7 +19,7 @@ from iterflow.graph import (
     Graph,
     GraphError,
     Pregel,
-    block_state,
+    block_layout,
     connected_components,
     label_propagation,
     pagerank,
@@ -27,7 +27,7 @@ from iterflow.graph import (
     shortest_paths,
     weighted_shortest_paths,
 )
-from iterflow.graph.vectors import LIMIT_CONF, choose_method
+from iterflow.graph.methods import LIMIT_CONF, choose_method
 
 pytestmark = pytest.mark.spark
 SLOW = pytest.mark.slow_spark  # extra block counts and seeds: `bash run.sh test --slow`
@@ -278,7 +278,7 @@ def test_more_blocks_than_vertices(spark):
     """4 vertices, two at the int64 limits, in 5 blocks: some blocks are empty."""
     a, b, c, d = -(2**63), -3, 5, 2**63 - 1
     tiny = Case(spark, [a, b, c, d], [(a, b, 1.0), (b, c, 2.0), (b, c, 1.0), (a, a, 1.0)])
-    lay = block_state.layout(tiny.g.vertices, 4, 5)
+    lay = block_layout.layout(tiny.g.vertices, 4, 5)
     try:
         at = {r["id"]: r["position"] for r in lay.positions.collect()}
     finally:
@@ -301,7 +301,7 @@ def test_ids_without_gaps_are_placed_by_arithmetic(spark):
     ends = [(-5, -4), (-4, -3), (-3, -5), (-3, 0), (0, 0), (0, 1), (1, 2), (2, 1), (4, 5)]
     ends += [(5, 8), (8, 7), (1, 2), (7, 6)]  # a duplicate; 3 is isolated, 6 dangling
     dense = Case(spark, order, [(u, v, 1.0 + (u * 7 + v) % 5) for u, v in ends])
-    lay = block_state.layout(dense.g.vertices, len(ids), 3)
+    lay = block_layout.layout(dense.g.vertices, len(ids), 3)
     try:
         at = {r["id"]: (r["block"], r["offset"], r["position"]) for r in lay.positions.collect()}
     finally:
@@ -309,7 +309,7 @@ def test_ids_without_gaps_are_placed_by_arithmetic(spark):
     assert lay.first == -5 and lay.sizes == (5, 5, 4)
     assert at == {v: ((v + 5) // 5, (v + 5) % 5, v + 5) for v in ids}
     gap = Case(spark, [*ids[:-1], 20], [])
-    assert block_state.layout(gap.g.vertices, len(ids), 3).first is None
+    assert block_layout.layout(gap.g.vertices, len(ids), 3).first is None
 
     rows = pagerank(dense.g, tol=None, max_rounds=4, method="blocks", blocks=3, progress=False)
     assert close(column(rows.collect(), "pagerank"), power_iteration(dense, 4)[0], 1e-12)

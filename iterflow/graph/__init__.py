@@ -7,11 +7,12 @@ Written only against ``iterflow``'s public API, as any user would write them.
 from iterflow.graph.bfs import bfs
 from iterflow.graph.components import connected_components
 from iterflow.graph.frame import GraphFrame
+from iterflow.graph.graphs import Graph, GraphError, as_graph
 from iterflow.graph.labels import label_propagation
-from iterflow.graph.model import Graph, GraphError, as_graph
 from iterflow.graph.pagerank import pagerank
 from iterflow.graph.paths import shortest_paths, weighted_shortest_paths
-from iterflow.graph.pregel import Pregel, pregel
+from iterflow.graph.pregel import pregel
+from iterflow.graph.pregel_columns import Pregel
 from iterflow.graph.scc import strongly_connected_components
 
 __all__ = [

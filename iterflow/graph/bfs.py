@@ -22,7 +22,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.graph.model import GraphError, as_graph, checked, nested
+from iterflow.graph.graphs import GraphError, as_graph, checked, nested
 
 
 @itf.body

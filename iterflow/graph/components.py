@@ -31,22 +31,22 @@ id among them, as in GraphFrames.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
+import attrs
 import numpy as np
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.graph import block_state
-from iterflow.graph.model import GraphError, as_graph, graph_result, with_column
-from iterflow.graph.vectors import (
-    cell_values,
-    choose_method,
-    edge_positions,
-    vertex_ids,
-)
+from iterflow.graph import block_runner
+from iterflow.graph.block_edges import EdgeFile
+from iterflow.graph.block_kernels import LabelKernels, Partial, Received, Slice, least_per_block
+from iterflow.graph.graphs import as_graph, graph_result, run_iteration, with_column
+from iterflow.graph.methods import choose_method
+from iterflow.graph.vectors import cell_values, edge_positions, vertex_ids
 
 
 def undirected_edges(edges: DataFrame) -> DataFrame:
@@ -216,109 +216,51 @@ def vector_components_body(ids: pa.Array, messages: Any, active: Any) -> itf.Ite
 
 # -- the block path: min-label propagation over label slices kept in Spark -------------
 
-#: A state row of the block path: block b's labels (the position of the smallest vertex
-#: heard of so far, so the smallest id: positions follow the ids) and which changed.
-LABEL_STATE = "block INT, label ARRAY<LONG>, moved ARRAY<BOOLEAN>"
-#: What a block sends: the smallest label it has for each touched offset of block ``to``;
-#: or (``self``) its own labels.
-LABEL_PARTIAL = "to INT, self BOOLEAN, index ARRAY<INT>, value ARRAY<LONG>"
 
+@attrs.frozen
+class LeastLabelKernels(LabelKernels):
+    """The vertices whose label moved last round send it along their edges (an edge file
+    sorted by source: a cost that follows them); every label is lowered to the smallest
+    one heard, the smallest id of the component in the end."""
 
-def label_send(sizes: tuple[int, ...], messages: Any) -> block_state.Kernel:
-    """Kernel of a source block: the labels of its vertices that moved last round, sent
-    along their edges (an edge file sorted by source: a cost that follows them)."""
+    state: ClassVar[dict[str, pa.DataType]] = {"label": pa.int64(), "moved": pa.bool_()}
+    by_source: ClassVar[bool] = True
 
-    def send(table: pa.Table, rows: pa.Table) -> Any:
-        so, db, do = (table[c].to_numpy() for c in ("so", "db", "do"))
-        for s, row in block_state.rows_of(rows):
-            block_state.check_block(table, s)
-            label = block_state.values(row["label"], np.int64)
-            moved = block_state.values(row["moved"], np.bool_)
-            if moved.all():
-                at = np.arange(len(so))
-            else:
-                at = block_state.gathered(so, np.flatnonzero(moved))[0]
-            messages.inc(len(at))
-            heard, to_block, to_offset = label[so[at]], db[at], do[at]
-            for d, sel in enumerate(block_state.by_block(to_block, len(sizes))):
-                if len(sel):
-                    index, value = block_state.least_per_offset(
-                        sizes[d], to_offset[sel], heard[sel]
-                    )
-                    yield block_state.sparse_row(d, False, index, value, pa.int64())
-            yield block_state.sparse_row(s, True, None, label, pa.int64())
+    def first(self, block: int) -> Slice:
+        return {"label": self.own_labels(block), "moved": np.ones(self.sizes[block], dtype=bool)}
 
-    return send
+    def send(self, edges: EdgeFile, block: int, state: Slice) -> Iterator[Partial]:
+        label, moved = state["label"], state["moved"]
+        at = np.arange(len(edges.so)) if moved.all() else edges.out_of(np.flatnonzero(moved))[0]
+        self.messages.inc(len(at))
+        yield from least_per_block(edges.db[at], edges.do[at], label[edges.so[at]], self.sizes)
 
-
-def label_receive(active: Any) -> Any:
-    """Kernel of a destination block: every label lowered to the smallest one heard."""
-
-    def receive(batches: Any) -> Any:
-        for d, rows in block_state.grouped(batches):
-            old, heard = block_state.received(rows, np.int64)
-            new = old.copy()
-            for index, value in heard:
-                np.minimum.at(new, index, value)
-            moved = new < old
-            active.inc(int(moved.sum()))
-            yield pa.RecordBatch.from_arrays(
-                [
-                    pa.array([d], pa.int32()),
-                    block_state.list_column([new], pa.int64()),
-                    block_state.list_column([moved], pa.bool_()),
-                ],
-                names=["block", "label", "moved"],
-            )
-
-    return receive
+    def receive(self, block: int, heard: Received) -> Slice:
+        new = heard.own.copy()
+        for index, value in heard.at_offsets():
+            np.minimum.at(new, index, value)
+        moved = new < heard.own
+        self.active.inc(int(moved.sum()))
+        return {"label": new, "moved": moved}
 
 
 def _block_components(
     g: Any, n: int, blocks: int | None, max_rounds: int | None, listen: Any, run_options: Any
 ) -> DataFrame:
-    spark = g.vertices.sparkSession
-    lay = block_state.layout(g.vertices, n, block_state.block_count(spark, n, 0, blocks))
-    starts, sizes = lay.starts, lay.sizes
-
-    def first(block: int) -> Any:
-        label = starts[block] + np.arange(sizes[block], dtype=np.int64)
-        yield pa.RecordBatch.from_arrays(
-            [
-                pa.array([block], pa.int32()),
-                block_state.list_column([label], pa.int64()),
-                block_state.list_column([np.ones(sizes[block], dtype=bool)], pa.bool_()),
-            ],
-            names=["block", "label", "moved"],
-        )
-
-    step = block_state.block_step(
-        lay,
-        block_state.edge_file(
-            "connected_components()", by_source=True, distinct=True, dense=lay.dense
-        ),
-        label_send(lay.sizes, itf.metrics.counter("messages")),
-        LABEL_PARTIAL,
-        label_receive(itf.metrics.counter("active")),
-        LABEL_STATE,
+    rounds = block_runner.Rounds(
+        name="components_blocks",
+        variable="labels",
+        who="connected_components()",
+        stop=(itf.until(block_runner.settled), *_at_most(max_rounds)),
+    )
+    return block_runner.run_labels(
+        g, n, blocks, LeastLabelKernels, rounds, "component", listen, run_options
     )
 
-    @itf.body
-    def components_blocks(labels: DataFrame, edges: DataFrame, ctx: itf.RoundContext) -> Any:
-        new_labels = step(labels, edges, ctx)
-        return itf.Declaration(feedback={"labels": new_labels}, outputs={"labels": new_labels})
 
-    ends = g.edges.where(F.col("src") != F.col("dst"))
-    iteration = (
-        itf.BoundedIteration(components_blocks)
-        .bind("labels", lay.per_block(first, LABEL_STATE), on_driver=False)
-        .bind("edges", block_state.edge_rows(lay, ends, both=True), replay=True)
-        .until(itf.until(lambda progress: progress.metrics.get("active") == 0))
-    )
-    if max_rounds is not None:
-        iteration = iteration.until(itf.max_rounds(max_rounds))
-    labelled = block_state.run_labels(iteration, lay, listen, run_options)
-    return block_state.apart(lay.named(labelled, "label", "component").select("id", "component"))
+def _at_most(max_rounds: int | None) -> tuple[Any, ...]:
+    """The criteria of an optional bound on the rounds."""
+    return () if max_rounds is None else (itf.max_rounds(max_rounds),)
 
 
 def connected_components(
@@ -352,13 +294,18 @@ def connected_components(
     """
     g = as_graph(graph)
     method, n = choose_method("connected_components", method, g)
-    if method in ("arrow", "blocks"):
-        with itf.worker_errors(GraphError):  # an edge to no vertex, found by a worker
-            if method == "arrow":
-                components = _vector_components(g, max_rounds, listen, run_options)
-            else:
-                components = _block_components(g, n, blocks, max_rounds, listen, run_options)
-        return graph_result(graph, with_column(g.vertices, components, "component"))
+    if method == "arrow":
+        components = _vector_components(g, max_rounds, listen, run_options)
+    elif method == "blocks":
+        components = _block_components(g, n, blocks, max_rounds, listen, run_options)
+    else:
+        components = _frame_components(g, max_rounds, listen, run_options)
+    return graph_result(graph, with_column(g.vertices, components, "component"))
+
+
+def _frame_components(
+    g: Any, max_rounds: int | None, listen: Any, run_options: dict[str, Any]
+) -> DataFrame:
     ends = g.edges.where(F.col("src") != F.col("dst"))
     iteration = (
         itf.BoundedIteration(hook_and_jump)
@@ -369,17 +316,14 @@ def connected_components(
                 F.least("src", "dst").alias("a"), F.greatest("src", "dst").alias("b")
             ).distinct(),
         )
+        .until(*_at_most(max_rounds))
     )
-    if max_rounds is not None:
-        iteration = iteration.until(itf.max_rounds(max_rounds))
-    if listen is not None:
-        iteration = iteration.listen(listen)
     # The labels a round moves jump up and down as pointers jump; the workset edges
     # hooked across shrink steadily to none: the rounds left follow them.
-    labels = iteration.run(**{"progress_from": "messages", **run_options}).outputs["labels"]
+    options = {"progress_from": "messages", **run_options}
+    labels = run_iteration(iteration, listen, options).outputs["labels"]
     smallest = labels.groupBy("label").agg(F.min("id").alias("component"))
-    components = labels.join(smallest, "label").select("id", "component")
-    return graph_result(graph, with_column(g.vertices, components, "component"))
+    return labels.join(smallest, "label").select("id", "component")
 
 
 def _vector_components(
@@ -399,13 +343,9 @@ def _vector_components(
         .bind("labels", spark.createDataFrame(start, LABELS_SCHEMA))
         .bind("edges", g.edges.select("src", "dst"))
         # The kernel counts the labels it changed: a round that changed none ends it.
-        .until(itf.until(lambda progress: progress.metrics.get("active") == 0))
+        .until(itf.until(block_runner.settled), *_at_most(max_rounds))
     )
-    if max_rounds is not None:
-        iteration = iteration.until(itf.max_rounds(max_rounds))
-    if listen is not None:
-        iteration = iteration.listen(listen)
-    final = iteration.run(**run_options).outputs["labels"]
+    final = run_iteration(iteration, listen, run_options).outputs["labels"]
     # A root is the first position of its component; components are named by smallest id.
     roots = cell_values(final.toArrow().column("label"))
     table = pa.table({"id": ids, "root": roots})

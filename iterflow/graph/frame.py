@@ -24,8 +24,8 @@ from pyspark.storagelevel import StorageLevel
 from iterflow.graph.bfs import bfs
 from iterflow.graph.components import connected_components, undirected_edges
 from iterflow.graph.frame_pregel import PregelBuilder
+from iterflow.graph.graphs import Graph, GraphError, as_graph, nested
 from iterflow.graph.labels import label_propagation
-from iterflow.graph.model import Graph, GraphError, as_graph, nested
 from iterflow.graph.pagerank import pagerank
 from iterflow.graph.paths import shortest_paths
 from iterflow.graph.scc import strongly_connected_components

@@ -22,8 +22,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.graph.model import GraphError, checked, nested
-from iterflow.graph.pregel import _DST, _EDGE, _MSG, _SRC, Pregel, _sent_nothing
+from iterflow.graph.graphs import GraphError, checked, nested
+from iterflow.graph.pregel_columns import DST, EDGE, MSG, SRC, Pregel, sent_nothing
 
 #: The active flag and message columns under GraphFrames' names.
 ACTIVE = "_pregel_is_active"
@@ -114,7 +114,7 @@ class PregelBuilder:
         updateAfterAggMsgsExpr: Column,
     ) -> PregelBuilder:
         """A state column: its value before round 0, and after every round."""
-        taken = {"id", _MSG, GRAPHFRAMES_MSG, ACTIVE} | set(self.graph.vertices.columns)
+        taken = {"id", MSG, GRAPHFRAMES_MSG, ACTIVE} | set(self.graph.vertices.columns)
         taken |= {name for name, _, _ in self._columns}
         if not colName or colName in taken:
             raise GraphError(
@@ -170,7 +170,7 @@ class PregelBuilder:
             .until(itf.max_rounds(self._max_iter))
         )
         if self._early_stopping:
-            iteration = iteration.until(itf.until(_sent_nothing))
+            iteration = iteration.until(itf.until(sent_nothing))
         if listen is not None:
             iteration = iteration.listen(listen)
         if run_options.get("checkpoint_dir") and self._checkpoint_interval:
@@ -178,7 +178,7 @@ class PregelBuilder:
         result = iteration.run(**run_options)
         last = result.history[-1]
         # GraphFrames checks for messages before a round and does not run one without.
-        name = "previous" if self._early_stopping and _sent_nothing(last) else "vertices"
+        name = "previous" if self._early_stopping and sent_nothing(last) else "vertices"
         return result.outputs[name].drop(ACTIVE)
 
     def _body(self) -> itf.IterationBody:
@@ -193,37 +193,33 @@ class PregelBuilder:
             vertices: DataFrame, edges: DataFrame, ctx: itf.RoundContext
         ) -> itf.Declaration:
             triplets = (
-                _triplet_side(vertices, "src", _SRC)
+                _triplet_side(vertices, "src", SRC)
                 .join(
-                    _triplet_side(edges, "edge", _EDGE),
-                    F.col(_SRC + "id") == F.col(_EDGE + "src"),
+                    _triplet_side(edges, "edge", EDGE),
+                    F.col(SRC + "id") == F.col(EDGE + "src"),
                 )
                 .join(
-                    _triplet_side(vertices, "dst", _DST),
-                    F.col(_EDGE + "dst") == F.col(_DST + "id"),
+                    _triplet_side(vertices, "dst", DST),
+                    F.col(EDGE + "dst") == F.col(DST + "id"),
                 )
             )
             if skip_inactive:
-                triplets = triplets.where(F.col(_SRC + ACTIVE) | F.col(_DST + ACTIVE))
+                triplets = triplets.where(F.col(SRC + ACTIVE) | F.col(DST + ACTIVE))
             parts = [
                 triplets.select(
-                    F.col(_SRC + "id" if to == "src" else _DST + "id").alias("id"),
-                    message.alias(_MSG),
+                    F.col(SRC + "id" if to == "src" else DST + "id").alias("id"),
+                    message.alias(MSG),
                 )
                 for to, message in messages
             ]
             sent = parts[0]
             for part in parts[1:]:
                 sent = sent.unionByName(part)
-            sent = ctx.observe("messages", sent.where(F.col(_MSG).isNotNull()))
+            sent = ctx.observe("messages", sent.where(F.col(MSG).isNotNull()))
             combined = (
-                sent.withColumn(GRAPHFRAMES_MSG, F.col(_MSG))
-                .groupBy("id")
-                .agg(aggregate.alias(_MSG))
+                sent.withColumn(GRAPHFRAMES_MSG, F.col(MSG)).groupBy("id").agg(aggregate.alias(MSG))
             )
-            received = vertices.join(combined, "id", "left").withColumn(
-                GRAPHFRAMES_MSG, F.col(_MSG)
-            )
+            received = vertices.join(combined, "id", "left").withColumn(GRAPHFRAMES_MSG, F.col(MSG))
             # As in GraphFrames, every expression reads the columns before the update.
             updates_now = {**updates, ACTIVE: update_active}
             new_vertices = ctx.cache(

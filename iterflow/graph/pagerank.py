@@ -9,7 +9,7 @@ duplicate edge carries rank, and the final ranks are rescaled to sum to the numb
 of vertices (to 1 with a personalization), as GraphX's ``PageRank.runWithOptions``
 does after its rounds.
 
-Two ways to run it, both on iterflow's public API only:
+Three ways to run it, all on iterflow's public API only:
 
 - ``method="arrow"`` (the default while the rank vector fits a broadcast): the
   edges are written once as Arrow files (``RoundContext.columnar``), partitioned
@@ -17,6 +17,8 @@ Two ways to run it, both on iterflow's public API only:
   kernel per file adds up its contributions with ``np.bincount``, and one task
   sums the partials into the next rank vector. The variable is that vector, one
   row.
+- ``method="blocks"`` (the default above that): the rank vector in slices kept in
+  Spark, with numpy kernels (``RankKernels``) on the block path (``block_runner``).
 - ``method="dataframe"``: joins and aggregates over ``(id, rank)`` rows, for
   graphs whose rank vector does not fit in memory; ``iterflow.demo.pagerank``
   runs the same body.
@@ -24,9 +26,10 @@ Two ways to run it, both on iterflow's public API only:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
 
+import attrs
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -34,14 +37,20 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.graph import block_state
-from iterflow.graph.model import GraphError, as_graph, graph_result, with_column
-from iterflow.graph.vectors import (
-    cell_values,
-    choose_method,
-    edge_positions,
-    vertex_ids,
+from iterflow.graph import block_runner
+from iterflow.graph.block_edges import EdgeFile, edge_rows
+from iterflow.graph.block_kernels import BlockKernels, Partial, Received, Slice
+from iterflow.graph.block_layout import Layout, apart, vertex_layout
+from iterflow.graph.graphs import (
+    Graph,
+    GraphError,
+    as_graph,
+    graph_result,
+    run_iteration,
+    with_column,
 )
+from iterflow.graph.methods import choose_method
+from iterflow.graph.vectors import cell_values, edge_positions, vertex_ids
 
 ALPHA = 0.85
 
@@ -258,129 +267,69 @@ def vector_body(
 
 # -- the block path: the rank vector in B slices, kept in Spark --------------------------
 
-#: A state row of the block path: block b's ranks.
-RANK_STATE = "block INT, rank ARRAY<DOUBLE>"
-#: What a block sends: a partial sum of the ranks of block ``to`` (null when no edge
-#: goes there) with the rank the sending block's dangling vertices hold; or (``self``)
-#: the sending block's own ranks, for the L1 change.
-RANK_PARTIAL = "to INT, self BOOLEAN, value ARRAY<DOUBLE>, dangling DOUBLE"
 
+@attrs.frozen
+class RankKernels(BlockKernels):
+    """PageRank on rank slices: each round, every source block's edges send partial rank
+    sums to the destination blocks, which add them up. ``messages`` counts the edges that
+    carried rank, ``change`` (a distribution) receives each block's L1 change."""
 
-def _rank_row(to: int, itself: bool, value: np.ndarray | None, dangling: float) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array([to], pa.int32()),
-            pa.array([itself]),
-            block_state.list_column([value], pa.float64()),
-            pa.array([float(dangling)]),
-        ],
-        names=["to", "self", "value", "dangling"],
-    )
+    state: ClassVar[dict[str, pa.DataType]] = {"rank": pa.float64()}
 
+    sizes: tuple[int, ...]
+    n: int
+    alpha: float
+    #: The personalization's offsets and weights per block (None: uniform).
+    teleports: dict[int, tuple[Any, Any]] | None
+    #: False: the rank of dangling vertices is dropped, as GraphX does.
+    keep_dangling: bool
+    messages: Any
+    change: Any
 
-def rank_send(sizes: tuple[int, ...], keep_dangling: bool, messages: Any) -> block_state.Kernel:
-    """Kernel of a source block: its edges' contributions to every destination block."""
+    def teleport(self, block: int) -> np.ndarray:
+        """Where random jumps land in ``block``: 1/n each, or the personalization."""
+        if self.teleports is None:
+            return np.full(self.sizes[block], 1.0 / self.n)
+        weights = np.zeros(self.sizes[block])
+        offsets, shares = self.teleports.get(block, ((), ()))
+        weights[np.asarray(offsets, dtype=np.int64)] = shares
+        return weights
 
-    def send(table: pa.Table, rows: pa.Table) -> Any:
-        so, db, do = (table[c].to_numpy() for c in ("so", "db", "do"))
-        share = table["share"].to_numpy()
-        first = table["first"].to_numpy(zero_copy_only=False)
-        bounds = block_state.block_bounds(db, len(sizes))
-        for s, row in block_state.rows_of(rows):
-            block_state.check_block(table, s)
-            rank = block_state.values(row["rank"], np.float64)
-            messages.inc(len(so))
-            weights = rank[so] * share
-            dangling = rank.sum() - rank[so[first]].sum() if keep_dangling else 0.0
-            for d, size in enumerate(sizes):
-                a, b = bounds[d], bounds[d + 1]
-                part = np.bincount(do[a:b], weights[a:b], minlength=size) if b > a else None
-                yield _rank_row(d, False, part, dangling)
-            yield _rank_row(s, True, rank, 0.0)
+    def first(self, block: int) -> Slice:
+        return {"rank": self.teleport(block)}
 
-    return send
+    def send(self, edges: EdgeFile, block: int, state: Slice) -> Iterator[Partial]:
+        """Every destination block's partial sum, with the rank the dangling vertices hold."""
+        rank = state["rank"]
+        self.messages.inc(len(edges.so))
+        weights = rank[edges.so] * edges.column("share")
+        held = rank[edges.so[edges.column("first")]].sum()
+        dangling = rank.sum() - held if self.keep_dangling else 0.0
+        for d, size in enumerate(self.sizes):
+            into = edges.into(d)
+            some = into.stop > into.start
+            part = np.bincount(edges.do[into], weights[into], minlength=size) if some else None
+            yield Partial(d, part, shared=dangling)
 
-
-def rank_receive(
-    alpha: float,
-    n: int,
-    sizes: tuple[int, ...],
-    teleports: dict[int, tuple[Any, Any]] | None,
-    change: Any,
-) -> Callable[[Any], Any]:
-    """Kernel of a destination block: the next ranks from the partials (``teleports``: the
-    personalization's offsets and weights per block, else uniform); ``change`` (a
-    distribution) receives each block's L1 change."""
-
-    def receive(batches: Any) -> Any:
-        for d, rows in block_state.grouped(batches):
-            spread = np.zeros(sizes[d])
-            old, dangling = spread, 0.0
-            for i in range(rows.num_rows):
-                value = block_state.values(rows["value"][i], np.float64)
-                if rows["self"][i].as_py():
-                    old = value
-                    continue
-                dangling += float(rows["dangling"][i].as_py())
-                if len(value):
-                    spread += value
-            if teleports is None:
-                teleport = np.full(sizes[d], 1.0 / n)
-            else:
-                teleport = np.zeros(sizes[d])
-                offsets, weights = teleports.get(d, ((), ()))
-                teleport[np.asarray(offsets, dtype=np.int64)] = weights
-            new = alpha * (spread + dangling * teleport) + (1.0 - alpha) * teleport
-            change.update(float(np.abs(new - old).sum()))
-            yield pa.RecordBatch.from_arrays(
-                [pa.array([d], pa.int32()), block_state.list_column([new], pa.float64())],
-                names=["block", "rank"],
-            )
-
-    return receive
-
-
-def block_body(
-    lay: block_state.Layout,
-    alpha: float,
-    tol: float | None,
-    teleports: dict[int, tuple[Any, Any]] | None,
-    graphx: bool = False,
-) -> itf.IterationBody:
-    """PageRank on rank slices: each round, every source block's edges (Arrow files read
-    in place) send partial rank sums to the destination blocks, which add them up.
-    ``RoundProgress.metrics["messages"]`` counts the edges that carried rank, and
-    ``["change"]`` the blocks' L1 changes (its ``sum`` is the round's, which ``tol``
-    bounds: read from the metric, it costs no Spark job)."""
-    change = itf.metrics.distribution("change")
-    step = block_state.block_step(
-        lay,
-        block_state.edge_file("pagerank()", by_source=False, distinct=not graphx, dense=lay.dense),
-        rank_send(lay.sizes, not graphx, itf.metrics.counter("messages")),
-        RANK_PARTIAL,
-        rank_receive(alpha, lay.vertices, lay.sizes, teleports, change),
-        RANK_STATE,
-    )
-
-    @itf.body
-    def pagerank_blocks(ranks: DataFrame, edges: DataFrame, ctx: itf.RoundContext) -> Any:
-        new_ranks = step(ranks, edges, ctx)
-        return itf.Declaration(
-            feedback={"ranks": new_ranks},
-            outputs={"ranks": new_ranks},
-            until=itf.converged(_block_change, tol) if tol is not None else None,
-        )
-
-    return pagerank_blocks
+    def receive(self, block: int, heard: Received) -> Slice:
+        spread = np.zeros(self.sizes[block])
+        for _, value in heard.partials:
+            if len(value):
+                spread += value
+        teleport = self.teleport(block)
+        new = self.alpha * (spread + heard.shared * teleport) + (1.0 - self.alpha) * teleport
+        self.change.update(float(np.abs(new - heard.own).sum()))
+        return {"rank": new}
 
 
 def _block_change(end: itf.RoundEnd) -> float:
-    """The round's L1 change of the ranks, summed over the blocks by the ``change`` metric."""
+    """The round's L1 change of the ranks, summed over the blocks by the ``change`` metric:
+    read from the metric, it costs no Spark job."""
     return float(end.progress.metrics["change"].sum)
 
 
 def _block_teleports(
-    lay: block_state.Layout, personalization: dict[Any, float] | None
+    lay: Layout, personalization: dict[Any, float] | None
 ) -> dict[int, tuple[Any, Any]] | None:
     """The personalization's weights (normalized) by block: offsets and weights."""
     if personalization is None:
@@ -400,27 +349,6 @@ def _block_teleports(
         offsets.append(offset)
         shares.append(float(weight) / total)
     return {b: (np.asarray(o), np.asarray(w)) for b, (o, w) in by.items()}
-
-
-def _first_ranks(
-    lay: block_state.Layout, teleports: dict[int, tuple[Any, Any]] | None
-) -> block_state.Kernel:
-    """The ranks of round 0, block by block: 1/n each, or the personalization."""
-    sizes, n = lay.sizes, lay.vertices
-
-    def first(block: int) -> Any:
-        if teleports is None:
-            rank = np.full(sizes[block], 1.0 / n)
-        else:
-            rank = np.zeros(sizes[block])
-            offsets, weights = teleports.get(block, ((), ()))
-            rank[np.asarray(offsets, dtype=np.int64)] = weights
-        yield pa.RecordBatch.from_arrays(
-            [pa.array([block], pa.int32()), block_state.list_column([rank], pa.float64())],
-            names=["block", "rank"],
-        )
-
-    return first
 
 
 def _teleport(ids: pa.Array, personalization: dict[Any, float] | None) -> np.ndarray:
@@ -446,6 +374,88 @@ def _check_weights(weights: Any) -> None:
         raise GraphError(
             "pagerank(personalization=...) needs finite, non-negative weights with a positive sum"
         )
+
+
+@attrs.frozen
+class _Ranking:
+    """The choices of a ``pagerank`` call that every path reads."""
+
+    alpha: float
+    tol: float | None
+    max_rounds: int
+    personalization: dict[Any, float] | None
+    graphx: bool
+
+
+def _block_ranks(
+    g: Graph, n: int, blocks: int | None, how: _Ranking, listen: Any, run_options: Any
+) -> DataFrame:
+    """``id`` and ``rank`` on the block path."""
+    lay = vertex_layout(g.vertices, n, blocks)
+    kernels = RankKernels(
+        lay.sizes,
+        n,
+        how.alpha,
+        _block_teleports(lay, how.personalization),
+        keep_dangling=not how.graphx,
+        messages=itf.metrics.counter("messages"),
+        change=itf.metrics.distribution("change"),
+    )
+    rounds = block_runner.Rounds(
+        name="pagerank_blocks",
+        variable="ranks",
+        who="pagerank()",
+        distinct=not how.graphx,
+        until=itf.converged(_block_change, how.tol) if how.tol is not None else None,
+        stop=(itf.max_rounds(how.max_rounds),),
+    )
+    final = block_runner.run(lay, kernels, edge_rows(lay, g.edges), rounds, listen, run_options)
+    return apart(block_runner.per_vertex(lay, final, "rank"))
+
+
+def _vector_ranks(g: Graph, how: _Ranking, listen: Any, run_options: Any) -> DataFrame:
+    """``id`` and ``rank`` on the Arrow path."""
+    spark = g.vertices.sparkSession
+    ids = vertex_ids(g)
+    teleport = _teleport(ids, how.personalization)
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 8)
+    iteration = (
+        itf.BoundedIteration(vector_body(ids, teleport, how.alpha, how.tol, graphx=how.graphx))
+        .bind("ranks", spark.createDataFrame(_vector_row(teleport, 0.0), VECTOR_SCHEMA))
+        .bind("edges", g.edges.select("src", "dst").repartition(partitions, "src"))
+        .until(itf.max_rounds(how.max_rounds))
+    )
+    final = run_iteration(iteration, listen, run_options).outputs["ranks"]
+    vector = cell_values(final.toArrow().column("rank"))
+    return spark.createDataFrame(pa.table({"id": ids, "rank": vector}))
+
+
+def _frame_ranks(g: Graph, n: int, how: _Ranking, listen: Any, run_options: Any) -> DataFrame:
+    """``id`` and ``rank`` (and more columns) on the DataFrame path."""
+    edges = g.edges.select("src", "dst")
+    edges = edges if how.graphx else edges.distinct()
+    ranks = initial_ranks(g.vertices, edges)
+    if how.personalization is not None:
+        ids = vertex_ids(g)
+        weights = pa.table({"id": ids, "teleport": _teleport(ids, how.personalization)})
+        ranks = ranks.join(g.vertices.sparkSession.createDataFrame(weights), "id")
+        if how.graphx:  # GraphX starts personalized ranks from the teleport, as the arrow path
+            ranks = ranks.withColumn("rank", F.col("teleport"))
+    body = pagerank_body(n, alpha=how.alpha, tol=how.tol, keep_dangling=not how.graphx)
+    iteration = (
+        itf.BoundedIteration(body)
+        .bind("ranks", ranks)
+        .bind("edges", edges)
+        .until(itf.max_rounds(how.max_rounds))
+    )
+    return run_iteration(iteration, listen, run_options).outputs["ranks"]
+
+
+def _rescaled(ranks: DataFrame, target: float) -> DataFrame:
+    """GraphX's ranks, rescaled once after the rounds to sum to ``target``: the rank lost at
+    dangling vertices is given back in proportion to the ranks."""
+    total = ranks.agg(F.sum("rank")).collect()[0][0]
+    return ranks.select("id", (F.col("rank") * F.lit(target / total)).alias("rank"))
 
 
 def pagerank(
@@ -476,8 +486,9 @@ def pagerank(
     ``tol`` then bounds the L1 change of the ranks before that rescaling, which
     sum to at most 1. ``method`` is ``"arrow"``
     (numpy kernels over the edges kept as Arrow files; the rank vector is held in
-    memory), ``"dataframe"`` (joins over rank rows) or ``"auto"`` (``"arrow"`` up
-    to ``VECTOR_LIMIT`` vertices). ``listen`` and ``run_options`` are as in
+    memory), ``"blocks"`` (numpy kernels over rank slices kept in Spark; ``blocks``
+    of them), ``"dataframe"`` (joins over rank rows) or ``"auto"`` (``"arrow"`` up
+    to ``VECTOR_LIMIT`` vertices, ``"blocks"`` above). ``listen`` and ``run_options`` are as in
     ``connected_components``.
 
     Example::
@@ -489,72 +500,17 @@ def pagerank(
         raise GraphError(f"pagerank(alpha={alpha}) must be between 0 and 1")
     if normalization not in ("networkx", "graphx"):
         raise GraphError(f"pagerank(normalization={normalization!r}): use 'networkx' or 'graphx'")
-    graphx = normalization == "graphx"
-    spark = g.vertices.sparkSession
     method, n = choose_method("pagerank", method, g)
     if n == 0:
         raise GraphError("pagerank() needs at least one vertex; the vertices are empty")
-    lay = None
+    how = _Ranking(alpha, tol, max_rounds, personalization, normalization == "graphx")
     if method == "blocks":
-        lay = block_state.layout(g.vertices, n, block_state.block_count(spark, n, 0, blocks))
-        teleports = _block_teleports(lay, personalization)
-        start = lay.per_block(_first_ranks(lay, teleports), RANK_STATE)
-        iteration = (
-            itf.BoundedIteration(block_body(lay, alpha, tol, teleports, graphx=graphx))
-            .bind("ranks", start, on_driver=False)
-            .bind("edges", block_state.edge_rows(lay, g.edges), replay=True)
-            .until(itf.max_rounds(max_rounds))
-        )
+        final = _block_ranks(g, n, blocks, how, listen, run_options)
     elif method == "arrow":
-        ids = vertex_ids(g)
-        teleport = _teleport(ids, personalization)
-        partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 8)
-        start = spark.createDataFrame(
-            _vector_row(teleport if personalization else np.full(len(ids), 1.0 / len(ids)), 0.0),
-            VECTOR_SCHEMA,
-        )
-        iteration = (
-            itf.BoundedIteration(vector_body(ids, teleport, alpha, tol, graphx=graphx))
-            .bind("ranks", start)
-            .bind("edges", g.edges.select("src", "dst").repartition(partitions, "src"))
-            .until(itf.max_rounds(max_rounds))
-        )
+        final = _vector_ranks(g, how, listen, run_options)
     else:
-        edges = g.edges.select("src", "dst")
-        edges = edges if graphx else edges.distinct()
-        ranks = initial_ranks(g.vertices, edges)
-        if personalization is not None:
-            ids = vertex_ids(g)
-            weights = pa.table({"id": ids, "teleport": _teleport(ids, personalization)})
-            ranks = ranks.join(spark.createDataFrame(weights), "id")
-            if graphx:  # GraphX starts personalized ranks from the teleport, as the arrow path
-                ranks = ranks.withColumn("rank", F.col("teleport"))
-        iteration = (
-            itf.BoundedIteration(pagerank_body(n, alpha=alpha, tol=tol, keep_dangling=not graphx))
-            .bind("ranks", ranks)
-            .bind("edges", edges)
-            .until(itf.max_rounds(max_rounds))
-        )
-    if listen is not None:
-        iteration = iteration.listen(listen)
-    try:
-        with itf.worker_errors(GraphError):  # an edge to no vertex, found by a worker
-            final = iteration.run(**run_options).outputs["ranks"]
-        if lay is not None:
-            final = block_state.apart(
-                block_state.final_rows(lay, block_state.exploded(final, "rank"))
-            )
-    finally:
-        if lay is not None:
-            lay.release()
-    if method == "arrow":
-        vector = cell_values(final.toArrow().column("rank"))
-        final = spark.createDataFrame(pa.table({"id": ids, "rank": vector}))
-    if graphx:
-        # GraphX rescales once, after its rounds: the rank lost at dangling vertices
-        # is given back in proportion to the ranks.
-        total = final.agg(F.sum("rank")).collect()[0][0]
-        target = 1.0 if personalization is not None else float(n)
-        final = final.select("id", (F.col("rank") * F.lit(target / total)).alias("rank"))
+        final = _frame_ranks(g, n, how, listen, run_options)
+    if how.graphx:
+        final = _rescaled(final, 1.0 if personalization is not None else float(n))
     ranked = final.select("id", F.col("rank").alias("pagerank"))
     return graph_result(graph, with_column(g.vertices, ranked, "pagerank"))

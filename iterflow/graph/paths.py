@@ -9,9 +9,10 @@ distance since every edge counts 1.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, ClassVar
 
+import attrs
 import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -19,10 +20,14 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 import iterflow as itf
-from iterflow.graph import block_state
-from iterflow.graph.model import GraphError, as_graph, graph_result, with_column
-from iterflow.graph.pregel import Pregel, PregelProgram, shown
-from iterflow.graph.vectors import choose_method
+from iterflow.graph import block_runner
+from iterflow.graph.block_edges import EdgeFile, edge_rows
+from iterflow.graph.block_kernels import BlockKernels, Partial, Received, Slice, least_per_block
+from iterflow.graph.block_layout import apart, vertex_layout
+from iterflow.graph.graphs import GraphError, as_graph, graph_result, with_column
+from iterflow.graph.methods import choose_method
+from iterflow.graph.pregel import PregelProgram, shown
+from iterflow.graph.pregel_columns import Pregel
 
 
 @itf.body
@@ -54,63 +59,49 @@ def settle_next_ring(
 
 # -- the block path: breadth-first from every landmark, along reversed edges ----------
 
-#: A state row of the block path: the distances of block b's vertices to every landmark
-#: (vertex-major, -1 while unreached) and which were reached last round (the frontier).
-DISTANCE_STATE = "block INT, distance ARRAY<INT>, fresh ARRAY<BOOLEAN>"
-#: What a block sends: (vertex offset * landmarks + landmark) of block ``to`` and the
-#: distance offered; or (``self``) its own distances.
-DISTANCE_PARTIAL = "to INT, self BOOLEAN, index ARRAY<INT>, value ARRAY<INT>"
 
+@attrs.frozen
+class RingKernels(BlockKernels):
+    """A block's slice holds its vertices' distances to every landmark (vertex-major, -1
+    while unreached) and which were reached last round (the frontier). The frontier offers
+    distance + 1 to its vertices' predecessors (the edges are reversed, the files sorted by
+    source: a cost that follows the frontier); a pair reached for the first time settles.
+    ``active`` counts the pairs settled: the next frontier."""
 
-def ring_send(sizes: tuple[int, ...], marks: int, messages: Any) -> block_state.Kernel:
-    """Kernel of a block: the frontier offers distance + 1 to its vertices' predecessors
-    (the edges of the file are reversed and sorted by source: a cost that follows the
-    frontier)."""
+    state: ClassVar[dict[str, pa.DataType]] = {"distance": pa.int32(), "fresh": pa.bool_()}
+    by_source: ClassVar[bool] = True
 
-    def send(table: pa.Table, rows: pa.Table) -> Any:
-        so, db, do = (table[c].to_numpy() for c in ("so", "db", "do"))
-        for s, row in block_state.rows_of(rows):
-            block_state.check_block(table, s)
-            distance = block_state.values(row["distance"], np.int32)
-            fresh = np.flatnonzero(block_state.values(row["fresh"], np.bool_))
-            at, owner = block_state.gathered(so, fresh // marks)
-            messages.inc(len(at))
-            index = do[at].astype(np.int64) * marks + fresh[owner] % marks
-            offered = distance[fresh[owner]] + 1
-            for d, sel in enumerate(block_state.by_block(db[at], len(sizes))):
-                if len(sel):
-                    # one round offers one distance (the frontier's + 1): any will do
-                    index_d, value = block_state.least_per_offset(
-                        sizes[d] * marks, index[sel], offered[sel]
-                    )
-                    yield block_state.sparse_row(d, False, index_d, value, pa.int32())
-            yield block_state.sparse_row(s, True, None, distance, pa.int32())
+    sizes: tuple[int, ...]
+    marks: int
+    #: The landmarks' (offset, landmark) per block.
+    starting: dict[int, list[tuple[int, int]]]
+    messages: Any
+    active: Any
 
-    return send
+    def first(self, block: int) -> Slice:
+        distance = np.full(self.sizes[block] * self.marks, -1, dtype=np.int32)
+        for offset, mark in self.starting.get(block, []):
+            distance[offset * self.marks + mark] = 0
+        return {"distance": distance, "fresh": distance == 0}
 
+    def send(self, edges: EdgeFile, block: int, state: Slice) -> Iterator[Partial]:
+        fresh = np.flatnonzero(state["fresh"])
+        at, owner = edges.out_of(fresh // self.marks)
+        self.messages.inc(len(at))
+        index = edges.do[at].astype(np.int64) * self.marks + fresh[owner] % self.marks
+        offered = state["distance"][fresh[owner]] + 1
+        # one round offers one distance (the frontier's + 1): the least is any of them
+        spaces = [size * self.marks for size in self.sizes]
+        yield from least_per_block(edges.db[at], index, offered, spaces)
 
-def ring_receive(active: Any) -> Any:
-    """Kernel of a destination block: the pairs reached for the first time settle."""
-
-    def receive(batches: Any) -> Any:
-        for d, rows in block_state.grouped(batches):
-            old, heard = block_state.received(rows, np.int32)
-            new = old.copy()
-            for index, value in heard:
-                new_here = new[index] < 0
-                new[index[new_here]] = value[new_here]
-            fresh = (old < 0) & (new >= 0)
-            active.inc(int(fresh.sum()))
-            yield pa.RecordBatch.from_arrays(
-                [
-                    pa.array([d], pa.int32()),
-                    block_state.list_column([new], pa.int32()),
-                    block_state.list_column([fresh], pa.bool_()),
-                ],
-                names=["block", "distance", "fresh"],
-            )
-
-    return receive
+    def receive(self, block: int, heard: Received) -> Slice:
+        new = heard.own.copy()
+        for index, value in heard.at_offsets():
+            new_here = new[index] < 0
+            new[index[new_here]] = value[new_here]
+        fresh = (heard.own < 0) & (new >= 0)
+        self.active.inc(int(fresh.sum()))
+        return {"distance": new, "fresh": fresh}
 
 
 def _per_vertex(marks: int) -> Any:
@@ -118,16 +109,17 @@ def _per_vertex(marks: int) -> Any:
 
     def split(batches: Any) -> Any:
         for batch in batches:
-            for b, row in block_state.rows_of(pa.Table.from_batches([batch])):
-                distance = block_state.values(row["distance"], np.int32)
+            for i in range(batch.num_rows):
+                block = int(batch.column("block")[i].as_py())
+                distance = batch.column("distance")[i].values.to_numpy(zero_copy_only=False)
                 size = len(distance) // marks
                 yield pa.RecordBatch.from_arrays(
                     [
-                        pa.array(np.full(size, b, dtype=np.int32)),
+                        pa.array(np.full(size, block, dtype=np.int32)),
                         pa.array(np.arange(size, dtype=np.int32)),
                         pa.ListArray.from_arrays(
                             pa.array(np.arange(size + 1, dtype=np.int32) * marks),
-                            pa.array(distance),
+                            pa.array(distance.astype(np.int32, copy=False)),
                         ),
                     ],
                     names=["block", "offset", "distance"],
@@ -139,58 +131,28 @@ def _per_vertex(marks: int) -> Any:
 def _block_paths(
     g: Any, n: int, chosen: list[Any], blocks: int | None, listen: Any, run_options: Any
 ) -> DataFrame:
-    spark = g.vertices.sparkSession
-    lay = block_state.layout(g.vertices, n, block_state.block_count(spark, n, 0, blocks))
-    id_type = g.vertices.schema["id"].dataType
+    lay = vertex_layout(g.vertices, n, blocks)
     starting: dict[int, list[tuple[int, int]]] = {}
     for _, block, offset, mark in lay.find({m: i for i, m in enumerate(chosen)}, "BIGINT"):
         starting.setdefault(block, []).append((offset, int(mark)))
-    marks, sizes = len(chosen), lay.sizes
-
-    def first(block: int) -> Any:
-        distance = np.full(sizes[block] * marks, -1, dtype=np.int32)
-        for offset, mark in starting.get(block, []):
-            distance[offset * marks + mark] = 0
-        yield pa.RecordBatch.from_arrays(
-            [
-                pa.array([block], pa.int32()),
-                block_state.list_column([distance], pa.int32()),
-                block_state.list_column([distance == 0], pa.bool_()),
-            ],
-            names=["block", "distance", "fresh"],
-        )
-
-    step = block_state.block_step(
-        lay,
-        block_state.edge_file("shortest_paths()", by_source=True, distinct=True, dense=lay.dense),
-        ring_send(lay.sizes, marks, itf.metrics.counter("messages")),
-        DISTANCE_PARTIAL,
-        ring_receive(itf.metrics.counter("active")),
-        DISTANCE_STATE,
+    messages, active = itf.metrics.counter("messages"), itf.metrics.counter("active")
+    kernels = RingKernels(lay.sizes, len(chosen), starting, messages, active)
+    rounds = block_runner.Rounds(
+        name="shortest_paths_blocks",
+        variable="distances",
+        who="shortest_paths()",
+        stop=(itf.until(block_runner.settled),),
     )
-
-    @itf.body
-    def shortest_paths_blocks(distances: DataFrame, edges: DataFrame, ctx: itf.RoundContext) -> Any:
-        new = step(distances, edges, ctx)
-        return itf.Declaration(feedback={"distances": new}, outputs={"distances": new})
-
-    iteration = (
-        itf.BoundedIteration(shortest_paths_blocks)
-        .bind("distances", lay.per_block(first, DISTANCE_STATE), on_driver=False)
-        .bind("edges", block_state.edge_rows(lay, g.edges, reverse=True), replay=True)
-        .until(itf.until(lambda progress: progress.metrics.get("active") == 0))
-    )
-    final = block_state.run_on_blocks(iteration, lay, listen, run_options, "distances")
-    rows = final.mapInArrow(_per_vertex(marks), "block INT, offset INT, distance ARRAY<INT>")
+    edges = edge_rows(lay, g.edges, reverse=True)
+    final = block_runner.run(lay, kernels, edges, rounds, listen, run_options)
+    rows = final.mapInArrow(_per_vertex(len(chosen)), "block INT, offset INT, distance ARRAY<INT>")
+    id_type = g.vertices.schema["id"].dataType
     landmarks = F.array(*(F.lit(m).cast(id_type) for m in chosen))
     pairs = F.zip_with(
         landmarks, F.col("distance"), lambda m, d: F.struct(m.alias("key"), d.alias("value"))
     )
-    return block_state.apart(
-        block_state.final_rows(lay, rows).select(
-            "id", F.map_from_entries(F.filter(pairs, lambda p: p["value"] >= 0)).alias("distances")
-        )
-    )
+    reached = F.map_from_entries(F.filter(pairs, lambda p: p["value"] >= 0))
+    return apart(lay.with_ids(rows).select("id", reached.alias("distances")))
 
 
 def shortest_paths(
@@ -220,8 +182,7 @@ def shortest_paths(
         raise GraphError("shortest_paths(landmarks=...) needs at least one landmark id")
     method, n = choose_method("shortest_paths", method, g, below_limit="dataframe")
     if method == "blocks":
-        with itf.worker_errors(GraphError):  # an edge to no vertex, found by a worker
-            found = _block_paths(g, n, chosen, blocks, listen, run_options)
+        found = _block_paths(g, n, chosen, blocks, listen, run_options)
         return graph_result(graph, with_column(g.vertices, found, "distances"))
     id_type = g.vertices.schema["id"].dataType
     marks = g.vertices.sparkSession.createDataFrame(

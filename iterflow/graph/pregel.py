@@ -44,48 +44,16 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 import iterflow as itf
-from iterflow.graph import block_state
-from iterflow.graph.model import Graph, GraphError, as_graph, graph_result
-from iterflow.graph.vectors import choose_method
+from iterflow.graph.block_edges import check_block, edge_file, edge_rows, gathered
+from iterflow.graph.block_layout import Layout, apart, vertex_layout
+from iterflow.graph.graphs import Graph, GraphError, as_graph, graph_result, run_iteration
+from iterflow.graph.methods import choose_method
+from iterflow.graph.pregel_columns import DST, EDGE, MSG, OLD, SRC, Pregel, sent_nothing
 
-_MSG = "_pregel_msg"
-_SRC = "_pregel_src_"
-_DST = "_pregel_dst_"
-_EDGE = "_pregel_edge_"
-_OLD = "_pregel_old_"
 _NEW = "_pregel_new_"
 _ACTIVE = "_pregel_active"
 _BLOCK = "_pregel_block"
 _OFFSET = "_pregel_offset"
-
-
-class Pregel:
-    """Column references for ``pregel`` expressions, named as in GraphFrames' ``Pregel``."""
-
-    @staticmethod
-    def msg() -> Column:
-        """The aggregated message a vertex received (in ``update`` and ``active``)."""
-        return F.col(_MSG)
-
-    @staticmethod
-    def src(name: str) -> Column:
-        """Column ``name`` of the edge's source vertex (in messages)."""
-        return F.col(_SRC + name)
-
-    @staticmethod
-    def dst(name: str) -> Column:
-        """Column ``name`` of the edge's destination vertex (in messages)."""
-        return F.col(_DST + name)
-
-    @staticmethod
-    def edge(name: str) -> Column:
-        """Column ``name`` of the edge (in messages)."""
-        return F.col(_EDGE + name)
-
-    @staticmethod
-    def old(name: str) -> Column:
-        """Column ``name`` of the vertex before this round's update (in ``active``)."""
-        return F.col(_OLD + name)
 
 
 def _prefixed(df: DataFrame, prefix: str) -> DataFrame:
@@ -123,20 +91,20 @@ def pregel_body(
         forward: bool,
         message: Column,
     ) -> DataFrame:
-        me, other = (_SRC, _DST) if forward else (_DST, _SRC)
+        me, other = (SRC, DST) if forward else (DST, SRC)
         my_end, other_end = ("src", "dst") if forward else ("dst", "src")
         if gather is not None:
             joined = gather.joined(ctx, senders, edges, forward)
         else:
             joined = _prefixed(senders, me).join(
-                _prefixed(edges, _EDGE), F.col(me + "id") == F.col(_EDGE + my_end)
+                _prefixed(edges, EDGE), F.col(me + "id") == F.col(EDGE + my_end)
             )
         if _mentions(message, other):
             joined = joined.join(
-                _prefixed(vertices, other), F.col(other + "id") == F.col(_EDGE + other_end)
+                _prefixed(vertices, other), F.col(other + "id") == F.col(EDGE + other_end)
             )
-        return joined.select(F.col(_EDGE + other_end).alias("id"), message.alias(_MSG)).where(
-            F.col(_MSG).isNotNull()
+        return joined.select(F.col(EDGE + other_end).alias("id"), message.alias(MSG)).where(
+            F.col(MSG).isNotNull()
         )
 
     @itf.body
@@ -148,7 +116,7 @@ def pregel_body(
         ctx: itf.RoundContext,
     ) -> itf.Declaration:
         if gather is not None:  # vertex rows are joined, never broadcast from the driver
-            vertices = block_state.apart(vertices)
+            vertices = apart(vertices)
         parts = []
         if send_to_dst is not None:
             parts.append(sent(ctx, active_vertices, out_edges, vertices, True, send_to_dst))
@@ -156,22 +124,22 @@ def pregel_body(
             parts.append(sent(ctx, active_vertices, in_edges, vertices, False, send_to_src))
         messages = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         messages = ctx.observe("messages", messages)
-        combined = messages.groupBy("id").agg(aggregate(F.col(_MSG)).alias(_MSG))
+        combined = messages.groupBy("id").agg(aggregate(F.col(MSG)).alias(MSG))
         columns = vertices.columns
         received = vertices.join(combined, "id").select(
             *((state[c].alias(c) if c in state else F.col(c)) for c in columns),
-            *(F.col(c).alias(_OLD + c) for c in state),
-            F.col(_MSG),
+            *(F.col(c).alias(OLD + c) for c in state),
+            F.col(MSG),
         )
         # Both feedbacks read the updated vertices: computed once per round.
         updated = ctx.cache(received.select(*columns, wake.alias(_ACTIVE)))
         woken = ctx.observe("active", updated.where(F.col(_ACTIVE)).select(*columns))
         hit = updated.select(
-            "id", *(F.col(c).alias(_NEW + c) for c in columns if c != "id"), F.lit(True).alias(_MSG)
+            "id", *(F.col(c).alias(_NEW + c) for c in columns if c != "id"), F.lit(True).alias(MSG)
         )
         new_vertices = vertices.join(hit, "id", "left").select(
             *(
-                F.when(F.col(_MSG), F.col(_NEW + c)).otherwise(F.col(c)).alias(c)
+                F.when(F.col(MSG), F.col(_NEW + c)).otherwise(F.col(c)).alias(c)
                 if c != "id"
                 else F.col("id")
                 for c in columns
@@ -248,12 +216,6 @@ def pregel(
     return graph_result(graph, shown(result))
 
 
-def _sent_nothing(progress: itf.RoundProgress) -> bool:
-    # None: Spark never evaluated the messages, because adaptive execution had
-    # proved them empty (no active vertex had an edge) and skipped the join.
-    return not progress.observed.get("messages")
-
-
 @attrs.frozen(kw_only=True)
 class PregelProgram:
     """A vertex program: the arguments of ``pregel`` that describe it, checked."""
@@ -298,27 +260,13 @@ class PregelProgram:
                 "pick new names for the state columns"
             )
         vertices = g.vertices.select("*", *(expr.alias(name) for name, expr in init.items()))
-        spark = g.vertices.sparkSession
         lay = None
         gather = None
         if method == "blocks":
-            lay = block_state.layout(g.vertices, n, block_state.block_count(spark, n, 0, blocks))
-            placed = lay.place(vertices, "id", _BLOCK, _OFFSET)
-            vertices = placed.select(*vertices.columns, _BLOCK, _OFFSET)
-            kept = tuple(_EDGE + c for c in g.edges.columns)
-            edges = g.edges.select(
-                "src", "dst", *(F.col(c).alias(_EDGE + c) for c in g.edges.columns)
-            )
-            gather = BlockGather(
-                block_state.edge_file(
-                    "pregel()", by_source=True, distinct=False, columns=kept, dense=lay.dense
-                ),
-                edges.select(*kept).schema,
-            )
-            out_edges = block_state.edge_rows(lay, edges, columns=kept)
-            in_edges = block_state.edge_rows(lay, edges, reverse=True, columns=kept)
+            lay = vertex_layout(g.vertices, n, blocks)
+            vertices, out_edges, in_edges, gather = _on_blocks(lay, vertices, g.edges)
         else:
-            partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 8)
+            partitions = int(g.vertices.sparkSession.conf.get("spark.sql.shuffle.partitions") or 8)
             out_edges = g.edges.repartition(partitions, "src")
             in_edges = g.edges.repartition(partitions, "dst")
         iteration = (
@@ -339,17 +287,33 @@ class PregelProgram:
                 in_edges if send_to_src is not None else in_edges.limit(0),
                 replay=lay is not None,
             )
-            .until(itf.until(_sent_nothing))
+            .until(itf.until(sent_nothing))
         )
         if max_rounds is not None:
             iteration = iteration.until(itf.max_rounds(max_rounds))
-        if listen is not None:
-            iteration = iteration.listen(listen)
-        try:
-            return iteration.run(**run_options)
-        finally:
-            if lay is not None:
-                lay.release()
+        release = lay.release if lay is not None else None
+        return run_iteration(iteration, listen, run_options, release=release)
+
+
+def _on_blocks(
+    lay: Layout, vertices: DataFrame, edges: DataFrame
+) -> tuple[DataFrame, DataFrame, DataFrame, BlockGather]:
+    """The block path's vertices (with their block and offset), out-edges and in-edges (in
+    the partition of their source block, and of their destination block), and the gather
+    that reads the senders' edges from their edge files."""
+    placed = lay.place(vertices, "id", _BLOCK, _OFFSET)
+    kept = tuple(EDGE + c for c in edges.columns)
+    ends = edges.select("src", "dst", *(F.col(c).alias(EDGE + c) for c in edges.columns))
+    gather = BlockGather(
+        edge_file("pregel()", by_source=True, distinct=False, columns=kept, dense=lay.dense),
+        ends.select(*kept).schema,
+    )
+    return (
+        placed.select(*vertices.columns, _BLOCK, _OFFSET),
+        edge_rows(lay, ends, columns=kept),
+        edge_rows(lay, ends, reverse=True, columns=kept),
+        gather,
+    )
 
 
 def shown(result: itf.IterationResult) -> DataFrame:
@@ -363,12 +327,12 @@ class BlockGather:
     from the edge file of its block (sorted by source: a cost that follows the senders)."""
 
     prepare: Callable[[pa.Table], pa.Table]
-    edge_schema: StructType  # the edges' columns, prefixed with _EDGE
+    edge_schema: StructType  # the edges' columns, prefixed with EDGE
 
     def joined(
         self, ctx: itf.RoundContext, senders: DataFrame, edges: DataFrame, forward: bool
     ) -> DataFrame:
-        me = _SRC if forward else _DST
+        me = SRC if forward else DST
         columns = [c for c in senders.columns if c not in (_BLOCK, _OFFSET)]
         fields = [
             StructField(me + f.name, f.dataType) for f in senders.schema.fields if f.name in columns
@@ -383,9 +347,9 @@ class BlockGather:
 
 def _gather(me: str, columns: list[str], edge_columns: list[str]) -> Any:
     def gather(table: pa.Table, rows: pa.Table) -> pa.Table:
-        block_state.check_block(table, int(rows[_BLOCK][0].as_py()))
+        check_block(table, int(rows[_BLOCK][0].as_py()))
         offsets = rows[_OFFSET].to_numpy(zero_copy_only=False)
-        at, owner = block_state.gathered(table["so"].to_numpy(), offsets)
+        at, owner = gathered(table["so"].to_numpy(), offsets)
         senders = rows.select(columns).take(pa.array(owner))
         edges = table.select(edge_columns).take(pa.array(at))
         return pa.Table.from_arrays(

@@ -31,7 +31,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.graph.model import GraphError, as_graph, checked, graph_result, with_column
+from iterflow.graph.graphs import GraphError, as_graph, checked, graph_result, with_column
 
 #: The status variable: the colors the last round changed (0: split next), the
 #: number of classes, the splits done so far, and 0 once the classes are final.

@@ -1,4 +1,6 @@
 """The graph data model of GraphFrames: vertices with ``id``, edges with ``src`` and ``dst``.
+Here are the ``Graph`` that holds them, the checks that a graph follows the model
+(``GraphError``), and how a graph function takes a graph in and gives its vertices back.
 
 Every function of ``iterflow.graph`` takes an ``iterflow.graph.Graph`` or any object
 with ``.vertices`` and ``.edges`` DataFrames (a GraphFrame). Written on iterflow's
@@ -7,6 +9,7 @@ public API only, like any user code.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -146,3 +149,23 @@ def graph_result(graph: Any, vertices: DataFrame) -> Any:
     if isinstance(graph, GraphFrame):
         return GraphFrame(vertices, graph.edges)
     return vertices
+
+
+def run_iteration(
+    iteration: Any,
+    listen: Any,
+    run_options: Mapping[str, Any],
+    *,
+    release: Callable[[], None] | None = None,
+) -> itf.IterationResult:
+    """The end of a graph run: ``listen`` after every round, run (a ``GraphError`` that a
+    kernel raised in a worker, such as an edge to no vertex, surfaces as itself), then
+    ``release`` what the run held (a block layout), however it ended."""
+    if listen is not None:
+        iteration = iteration.listen(listen)
+    try:
+        with itf.worker_errors(GraphError):
+            return iteration.run(**run_options)
+    finally:
+        if release is not None:
+            release()
