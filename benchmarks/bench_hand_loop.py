@@ -37,7 +37,7 @@ from _common import (
 from pyspark import StorageLevel
 from pyspark.sql import SparkSession
 
-from iterflow.demo.pagerank import pagerank_body, pagerank_update
+from iterflow.graph.pagerank import pagerank_body, pagerank_update
 
 TARGET = 1.10
 # An L1 change is never negative, so every variant runs all rounds. (With tol=0.0 the

@@ -41,7 +41,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.demo.pagerank import pagerank_body, pagerank_update
+from iterflow.graph.pagerank import pagerank_body, pagerank_update
 
 TARGET = 1.25
 # Past some 10^5 digits even printing the size estimate gets slow; stop reading it there.

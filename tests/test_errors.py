@@ -310,11 +310,11 @@ def test_round_error_shows_what_a_python_worker_raised():
         "An exception was thrown from the Python worker:\n"
         "Traceback (most recent call last):\n"
         '  File "kernel.py", line 3, in prepare\n'
-        "iterflow.graph.model.GraphError: edges end at ids that are not vertices, e.g. [7]\n"
+        "iterflow.graph.graphs.GraphError: edges end at ids that are not vertices, e.g. [7]\n"
     )
     assert str(RoundError(2, "body 'step'", worker)) == (
         "epoch 2 failed in body 'step': RuntimeError: An exception was thrown from the "
-        "Python worker: iterflow.graph.model.GraphError: edges end at ids that are not "
+        "Python worker: iterflow.graph.graphs.GraphError: edges end at ids that are not "
         "vertices, e.g. [7]"
     )
     older = RuntimeError(  # PySpark 4.0's header

@@ -132,7 +132,7 @@ LEAVES = (
 )
 SPARK = ("pyspark", "py4j")
 
-#: Spark's JVM internals are reached in runtime/jvm.py only (and asked about with its
+#: Spark's JVM internals are reached in runtime/spark/jvm.py only (and asked about with its
 #: is_classic): these names appear nowhere else, but for the exceptions named.
 JVM_NAMES = ("_jdf", "_jsc", "_jvm", "_jsparkSession", "py4j", "is_remote")
 JVM_EXCEPTIONS = {

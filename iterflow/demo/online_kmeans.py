@@ -2,8 +2,8 @@
 
 The model is a state variable: one row per cluster with its ``center`` and its
 ``weight`` (points absorbed so far, decayed). Every epoch assigns the epoch's
-new points to the nearest center with ``iterflow.ml.kmeans``'s kernel (numpy
-inside ``mapInArrow``: per cluster, the sum and the number of its points), and
+new points to the nearest center with a numpy kernel inside ``mapInArrow`` (per
+cluster, the sum and the number of its points), and
 moves each center to the weighted mean of its old position and its new points,
 as Spark MLlib's ``StreamingKMeans`` does::
 
@@ -17,7 +17,7 @@ runs, one epoch per file.
 The epoch's plan is two Arrow kernels: partial sums per partition, then one
 task that adds them up and applies the update. Building it takes two PySpark
 calls, so the driver spends little time planning. Uses ``iterflow``'s public
-names and ``iterflow.ml.kmeans``'s kernels, like any user would.
+names only, like any user would: its kernels are numpy on Arrow batches.
 """
 
 from __future__ import annotations
@@ -32,21 +32,32 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 import iterflow as itf
-from iterflow.ml.features import Features
-from iterflow.ml.kmeans import PARTIAL_SCHEMA, add_partials, feature_matrix, partial_sums
 
 MODEL_SCHEMA = "cluster INT, center ARRAY<DOUBLE>, weight DOUBLE"
 POINTS_SCHEMA = "features ARRAY<DOUBLE>"
+#: What a partition of points sends to the update: per cluster the sum of its new points
+#: (flattened, k * dims) and their number.
+PARTIAL_SCHEMA = "sums ARRAY<DOUBLE>, counts ARRAY<DOUBLE>"
 
 
-#: The partial sums of a partition without points.
-NO_POINTS = pa.table({"x": pa.array([], pa.float64())})
+def cluster_sums(points: np.ndarray, centers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per cluster, the sum ``(k, dims)`` and the number ``(k,)`` of the points nearest it.
+
+    The distances use |x - c|^2 = |x|^2 - 2 x.c + |c|^2 (|x|^2 is the same for every
+    center), and the sums a one-hot matrix product: two BLAS calls per batch.
+    """
+    k = len(centers)
+    nearest = np.argmin((centers**2).sum(axis=1) - 2.0 * points @ centers.T, axis=1)
+    chosen = np.zeros((len(points), k))
+    chosen[np.arange(len(points)), nearest] = 1.0
+    return chosen.T @ points, chosen.sum(axis=0)
 
 
 def partials_kernel(
@@ -57,17 +68,37 @@ def partials_kernel(
     A partition without points answers with zeros, so that the update always
     receives a row and the model never comes out empty.
     """
-    prepare = feature_matrix(Features(("features",), "array", centers.shape[1]))
+    k, dims = centers.shape
+
+    def row(sums: np.ndarray, counts: np.ndarray) -> pa.RecordBatch:
+        vectors = pa.list_(pa.float64())
+        return pa.RecordBatch.from_arrays(
+            [pa.array([sums.ravel()], vectors), pa.array([counts], vectors)],
+            names=["sums", "counts"],
+        )
 
     def kernel(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         answered = False
         for batch in batches:
             answered = True
-            yield from partial_sums(prepare(pa.Table.from_batches([batch])), centers).to_batches()
+            points = batch.column(0).flatten().to_numpy(zero_copy_only=False)
+            yield row(*cluster_sums(points.reshape(-1, dims), centers))
         if not answered:
-            yield from partial_sums(NO_POINTS, centers).to_batches()
+            yield row(np.zeros((k, dims)), np.zeros(k))
 
     return kernel
+
+
+def added_partials(
+    batches: Iterator[pa.RecordBatch], k: int, dims: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``PARTIAL_SCHEMA`` rows added up: per cluster the sum ``(k, dims)`` and the count."""
+    sums, counts = np.zeros(k * dims), np.zeros(k)
+    for batch in batches:
+        flat = batch.column(0).flatten().to_numpy(zero_copy_only=False)
+        sums += flat.reshape(-1, k * dims).sum(axis=0)
+        counts += batch.column(1).flatten().to_numpy(zero_copy_only=False).reshape(-1, k).sum(0)
+    return sums.reshape(k, dims), counts
 
 
 def centers_of(model: DataFrame) -> np.ndarray:
@@ -82,7 +113,7 @@ def update_kernel(
     k, dims = centers.shape
 
     def kernel(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        sums, counts, _ = add_partials(batches, k, dims)
+        sums, counts = added_partials(batches, k, dims)
         kept = weights * decay
         weight = kept + counts
         moved = (centers * kept[:, None] + sums) / np.where(weight > 0, weight, 1.0)[:, None]
@@ -261,6 +292,34 @@ def _feed_until_consumed(
             query.stop()  # the epoch in progress, if any, finishes and commits first
 
 
+def _started_query(
+    spark: SparkSession,
+    root: Path,
+    body: itf.IterationBody,
+    start_centers: np.ndarray,
+    printer: EpochPrinter,
+    **start_options: Any,
+) -> itf.UnboundedQuery:
+    """The online k-means query over the files arriving in ``root/points``, one per epoch,
+    checkpointed in ``root/checkpoint``; ``start_options`` go to ``start()``."""
+    points = (
+        spark.readStream.schema(POINTS_SCHEMA)
+        .option("maxFilesPerTrigger", 1)  # one file per micro-batch: one epoch per file
+        .json(str(root / "points"))
+    )
+    return (
+        itf.UnboundedIteration(body)
+        .bind("model", initial_model(spark, start_centers), state=True)
+        .bind("points", points)
+        .listen(printer)
+        .start(
+            checkpoint_location=str(root / "checkpoint"),
+            processing_time="0 seconds",  # a micro-batch as soon as a file arrives
+            **start_options,
+        )
+    )
+
+
 def run_online_kmeans(
     spark: SparkSession,
     *,
@@ -304,25 +363,16 @@ def run_online_kmeans(
         incoming.mkdir()
 
         printer = EpochPrinter(start_centers, out)
-        points = (
-            spark.readStream.schema(POINTS_SCHEMA)
-            .option("maxFilesPerTrigger", 1)  # one file per micro-batch: one epoch per file
-            .json(str(incoming))
-        )
         started = time.perf_counter()
-        query = (
-            itf.UnboundedIteration(online_kmeans_step(decay))
-            .bind("model", initial_model(spark, start_centers), state=True)
-            .bind("points", points)
-            .listen(printer)
-            .start(
-                checkpoint_location=str(root / "checkpoint"),
-                processing_time="0 seconds",  # a micro-batch as soon as a file arrives
-                progress=progress,
-                event_log=event_log,
-            )
+        query = _started_query(
+            spark,
+            root,
+            online_kmeans_step(decay),
+            start_centers,
+            printer,
+            progress=progress,
+            event_log=event_log,
         )
-
         seconds = _feed_until_consumed(
             query,
             printer,

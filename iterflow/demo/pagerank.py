@@ -1,9 +1,9 @@
 """The PageRank demo: a random-graph generator and a runner of ``iterflow.graph``'s
 PageRank body that returns the whole ``IterationResult``.
 
-It builds on ``iterflow.graph.pagerank``'s body (``pagerank_body``, with its
-``initial_ranks`` and ``pagerank_update``, re-exported here for the examples and
-benchmarks) and otherwise on ``iterflow``'s public names, like any user would.
+It runs ``iterflow.graph``'s PageRank body (``pagerank_body``, with its
+``initial_ranks``, re-exported here for the examples) through ``iterflow``'s public
+names, like any user would.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.graph.pagerank import ALPHA, initial_ranks, pagerank_body, pagerank_update
+from iterflow.graph import initial_ranks, pagerank_body
 
-__all__ = ["initial_ranks", "pagerank", "pagerank_body", "pagerank_update", "random_graph"]
+__all__ = ["initial_ranks", "pagerank", "pagerank_body", "random_graph"]
 
 
 def random_graph(
@@ -59,7 +59,7 @@ def pagerank(
     *,
     tol: float | None = 1e-8,
     max_rounds: int = 100,
-    alpha: float = ALPHA,
+    alpha: float = 0.85,
     listen: Sequence[object] = (),
     **run_options: Any,
 ) -> itf.IterationResult:

@@ -83,30 +83,6 @@ def pregel_body(
         changed = changed | ~F.col(name).eqNullSafe(Pregel.old(name))
     wake = changed if active is None else active
 
-    def sent(
-        ctx: itf.RoundContext,
-        senders: DataFrame,
-        edges: DataFrame,
-        vertices: DataFrame,
-        forward: bool,
-        message: Column,
-    ) -> DataFrame:
-        me, other = (SRC, DST) if forward else (DST, SRC)
-        my_end, other_end = ("src", "dst") if forward else ("dst", "src")
-        if gather is not None:
-            joined = gather.joined(ctx, senders, edges, forward)
-        else:
-            joined = _prefixed(senders, me).join(
-                _prefixed(edges, EDGE), F.col(me + "id") == F.col(EDGE + my_end)
-            )
-        if _mentions(message, other):
-            joined = joined.join(
-                _prefixed(vertices, other), F.col(other + "id") == F.col(EDGE + other_end)
-            )
-        return joined.select(F.col(EDGE + other_end).alias("id"), message.alias(MSG)).where(
-            F.col(MSG).isNotNull()
-        )
-
     @itf.body
     def superstep(
         vertices: DataFrame,
@@ -119,9 +95,13 @@ def pregel_body(
             vertices = apart(vertices)
         parts = []
         if send_to_dst is not None:
-            parts.append(sent(ctx, active_vertices, out_edges, vertices, True, send_to_dst))
+            parts.append(
+                _sent(ctx, active_vertices, out_edges, vertices, (True, send_to_dst), gather)
+            )
         if send_to_src is not None:
-            parts.append(sent(ctx, active_vertices, in_edges, vertices, False, send_to_src))
+            parts.append(
+                _sent(ctx, active_vertices, in_edges, vertices, (False, send_to_src), gather)
+            )
         messages = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         messages = ctx.observe("messages", messages)
         combined = messages.groupBy("id").agg(aggregate(F.col(MSG)).alias(MSG))
@@ -134,17 +114,7 @@ def pregel_body(
         # Both feedbacks read the updated vertices: computed once per round.
         updated = ctx.cache(received.select(*columns, wake.alias(_ACTIVE)))
         woken = ctx.observe("active", updated.where(F.col(_ACTIVE)).select(*columns))
-        hit = updated.select(
-            "id", *(F.col(c).alias(_NEW + c) for c in columns if c != "id"), F.lit(True).alias(MSG)
-        )
-        new_vertices = vertices.join(hit, "id", "left").select(
-            *(
-                F.when(F.col(MSG), F.col(_NEW + c)).otherwise(F.col(c)).alias(c)
-                if c != "id"
-                else F.col("id")
-                for c in columns
-            ),
-        )
+        new_vertices = _with_updates(vertices, updated, columns)
         return itf.Declaration(
             feedback={"vertices": new_vertices, "active_vertices": woken},
             outputs={"vertices": new_vertices},
@@ -152,6 +122,52 @@ def pregel_body(
         )
 
     return superstep
+
+
+def _sent(
+    ctx: itf.RoundContext,
+    senders: DataFrame,
+    edges: DataFrame,
+    vertices: DataFrame,
+    direction: tuple[bool, Column],
+    gather: BlockGather | None,
+) -> DataFrame:
+    """The messages ``senders`` send along ``edges``: forward (to ``dst``) or backward.
+
+    With ``gather`` the senders' edges are read from the block files by a kernel; the
+    other end's vertex row is joined only when the message mentions it.
+    """
+    forward, message = direction
+    me, other = (SRC, DST) if forward else (DST, SRC)
+    my_end, other_end = ("src", "dst") if forward else ("dst", "src")
+    if gather is not None:
+        joined = gather.joined(ctx, senders, edges, forward)
+    else:
+        joined = _prefixed(senders, me).join(
+            _prefixed(edges, EDGE), F.col(me + "id") == F.col(EDGE + my_end)
+        )
+    if _mentions(message, other):
+        joined = joined.join(
+            _prefixed(vertices, other), F.col(other + "id") == F.col(EDGE + other_end)
+        )
+    return joined.select(F.col(EDGE + other_end).alias("id"), message.alias(MSG)).where(
+        F.col(MSG).isNotNull()
+    )
+
+
+def _with_updates(vertices: DataFrame, updated: DataFrame, columns: list[str]) -> DataFrame:
+    """``vertices`` with the rows that received messages replaced by their ``updated`` form."""
+    hit = updated.select(
+        "id", *(F.col(c).alias(_NEW + c) for c in columns if c != "id"), F.lit(True).alias(MSG)
+    )
+    return vertices.join(hit, "id", "left").select(
+        *(
+            F.when(F.col(MSG), F.col(_NEW + c)).otherwise(F.col(c)).alias(c)
+            if c != "id"
+            else F.col("id")
+            for c in columns
+        ),
+    )
 
 
 def pregel(
