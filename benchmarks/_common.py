@@ -34,7 +34,7 @@ import numpy as np
 from pyspark.sql import DataFrame, SparkSession
 
 import iterflow as itf
-from iterflow.demo.pagerank import initial_ranks, pagerank_body, random_graph
+from iterflow.demo.pagerank_demo import initial_ranks, pagerank_body, random_graph
 from iterflow.runtime.spark.session import embedded_session
 
 T = TypeVar("T")

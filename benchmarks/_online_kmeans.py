@@ -13,8 +13,7 @@ from pyspark import cloudpickle
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from iterflow.demo.online_kmeans import partials_kernel
-from iterflow.ml.kmeans import add_partials
+from iterflow.demo.online_kmeans_demo import added_partials, partials_kernel
 
 # Spark's Python workers cannot import this module (benchmarks/ is on the driver's path
 # only), so its kernels travel by value.
@@ -29,7 +28,7 @@ def cluster_sums_kernel(
     partials = partials_kernel(centers)
 
     def kernel(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        sums, counts, _ = add_partials(partials(batches), k, dims)
+        sums, counts = added_partials(partials(batches), k, dims)
         columns = [pa.array(np.arange(k, dtype=np.int32)), pa.array(counts.astype(np.int64))]
         columns += [pa.array(sums[:, d]) for d in range(dims)]
         yield pa.RecordBatch.from_arrays(columns, names=["cluster", "n", *sum_columns(dims)])

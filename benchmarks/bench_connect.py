@@ -1,4 +1,4 @@
-"""What does Spark Connect cost per round? The bounded PageRank (iterflow.demo.pagerank,
+"""What does Spark Connect cost per round? The bounded PageRank (iterflow.demo.pagerank_demo,
 a DataFrame body) on a classic session against the same on a Spark Connect session.
 
 Each run is its own process (a process holds one kind of session): classic
@@ -35,7 +35,7 @@ def child(mode: str, vertices: int, edges: int, rounds: int) -> dict[str, Any]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from iterflow.demo.pagerank import pagerank, random_graph
+    from iterflow.demo.pagerank_demo import pagerank, random_graph
 
     builder = SparkSession.builder.config("spark.ui.enabled", "false")
     if mode == "connect":

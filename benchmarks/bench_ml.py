@@ -5,7 +5,7 @@ Two workloads, each built once, cached and counted before anything is timed:
 1. **k-means.** 1,000,000 points in 16 dimensions (``--quick``: 100,000): 16 centers
    uniform in [-10, 10] from ``numpy.random.default_rng(0)``, each point a center
    chosen uniformly plus Gaussian noise of standard deviation 1
-   (``iterflow.demo.online_kmeans.blobs``). iterflow gets an ``array<double>`` column
+   (``iterflow.demo.online_kmeans_demo.blobs``). iterflow gets an ``array<double>`` column
    ``features`` (``spark.createDataFrame`` of a pyarrow table whose column is a
    ``ListArray`` over the flat points, as ``iterflow demo kmeans`` builds it); MLlib
    gets the same column as a ``Vector`` (``pyspark.ml.functions.array_to_vector``).
@@ -114,7 +114,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.demo.online_kmeans import blobs
+from iterflow.demo.online_kmeans_demo import blobs
 from iterflow.ml import kmeans, logistic_regression
 
 TARGET = 1.0

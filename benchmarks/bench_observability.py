@@ -65,7 +65,7 @@ from _common import (
 from pyspark.sql import SparkSession
 
 import iterflow as itf
-from iterflow.demo.pagerank import pagerank_body
+from iterflow.demo.pagerank_demo import pagerank_body
 from iterflow.metrics import MetricsSnapshot
 from iterflow.progress.bar import ProgressBar
 from iterflow.progress.event_log import EventLog

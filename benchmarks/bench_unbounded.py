@@ -5,7 +5,7 @@ files of 10,000 points each (numpy blobs around 8 true centers, fixed seed),
 read with ``spark.readStream...option("maxFilesPerTrigger", 1).json(folder)`` and
 the available-now trigger, so that each file is one micro-batch and one epoch.
 
-"iterflow" runs ``online_kmeans_step()`` from ``iterflow.demo.online_kmeans``
+"iterflow" runs ``online_kmeans_step()`` from ``iterflow.demo.online_kmeans_demo``
 as ``UnboundedIteration(...).bind("model", model0, state=True).bind("points",
 stream).start(checkpoint_location=..., available_now=True, progress=False)``.
 "plain" is the same update written by hand on Structured Streaming: a
@@ -82,7 +82,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryListener
 
 import iterflow as itf
-from iterflow.demo.online_kmeans import (
+from iterflow.demo.online_kmeans_demo import (
     POINTS_SCHEMA,
     blobs,
     centers_of,
@@ -468,7 +468,11 @@ PROBES = (
     ("iterflow.runtime.spark.jvm", "in_session", "  move the batch to the session"),
     ("iterflow.unbounded.epochs", "EpochLoop.run_round", "  run_round"),
     ("iterflow.body", "FunctionBody.__call__", "    body"),
-    ("iterflow.demo.online_kmeans", "model_arrays", "      model_arrays (collect of the model)"),
+    (
+        "iterflow.demo.online_kmeans_demo",
+        "model_arrays",
+        "      model_arrays (collect of the model)",
+    ),
     ("iterflow.runtime.round.materialize", "materialize", "    materialize (run the body's plan)"),
     ("iterflow.runtime.spark.observations", "observed_rows", "    read the input's row count"),
     ("iterflow.unbounded.query", "UnboundedQuery._source_backlog", "    source backlog"),
@@ -491,7 +495,7 @@ PROBES = (
     ("pyspark.sql.readwriter", "DataFrameWriter.parquet", "      parquet (a Spark job each)"),
 )
 #: The keyed workload has no k-means model to collect.
-KEYED_PROBES = tuple(probe for probe in PROBES if probe[0] != "iterflow.demo.online_kmeans")
+KEYED_PROBES = tuple(probe for probe in PROBES if probe[0] != "iterflow.demo.online_kmeans_demo")
 
 
 def probed(label: str, fn: Any, calls: dict[str, list[float]]) -> Any:

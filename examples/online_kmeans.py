@@ -3,7 +3,7 @@ a listener and a sink.
 
 Run: python examples/online_kmeans.py [files]
 
-The body is ``iterflow.demo.online_kmeans.online_kmeans_step`` (each new point goes
+The body is ``iterflow.demo.online_kmeans_demo.online_kmeans_step`` (each new point goes
 to its nearest center, and every center moves as in Spark MLlib's
 ``StreamingKMeans``). This script writes a few files of points, runs the body
 over them as an unbounded iteration that reads what the folder holds and then
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 import iterflow as itf
-from iterflow.demo.online_kmeans import (
+from iterflow.demo.online_kmeans_demo import (
     POINTS_SCHEMA,
     blobs,
     centers_of,

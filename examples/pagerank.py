@@ -2,7 +2,7 @@
 
 Run: python examples/pagerank.py [vertices]
 
-The body itself is ``iterflow.demo.pagerank.pagerank_body`` (one DataFrame step,
+The body itself is ``iterflow.demo.pagerank_demo.pagerank_body`` (one DataFrame step,
 an L1 convergence value, and a ``ctx.observe`` on the contributions); this
 script shows how a user wires such a body into a bounded iteration.
 """
@@ -12,7 +12,7 @@ import sys
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.demo.pagerank import initial_ranks, pagerank_body, random_graph
+from iterflow.demo.pagerank_demo import initial_ranks, pagerank_body, random_graph
 
 vertices_wanted = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
 spark = itf.session()

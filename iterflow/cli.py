@@ -298,7 +298,7 @@ def run_converge(args: argparse.Namespace) -> int:
 def run_pagerank_demo(args: argparse.Namespace) -> int:
     from pyspark.sql import functions as F
 
-    from iterflow.demo.pagerank import pagerank, random_graph
+    from iterflow.demo.pagerank_demo import pagerank, random_graph
 
     spark = _session(args)
     edges_wanted = args.edges or 10 * args.vertices
@@ -347,7 +347,7 @@ def run_pagerank_demo(args: argparse.Namespace) -> int:
 def run_kmeans_demo(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from iterflow.demo.kmeans import random_blobs
+    from iterflow.demo.kmeans_demo import random_blobs
     from iterflow.ml import kmeans
 
     spark = _session(args)
@@ -390,7 +390,7 @@ def run_kmeans_demo(args: argparse.Namespace) -> int:
 
 
 def run_online_kmeans_demo(args: argparse.Namespace) -> int:
-    from iterflow.demo.online_kmeans import run_online_kmeans
+    from iterflow.demo.online_kmeans_demo import run_online_kmeans
 
     spark = _session(args)
     print(

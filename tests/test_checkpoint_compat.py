@@ -5,6 +5,7 @@ epoch log."""
 
 from __future__ import annotations
 
+import pickle
 import shutil
 import sys
 from pathlib import Path
@@ -101,6 +102,30 @@ def test_an_unbounded_epoch_log_of_0_1_0_loads(spark: SparkSession) -> None:
     assert latest is not None and latest.epoch == 2
     assert [p.epoch for p in latest.driver.history] == [0, 1, 2]
     assert latest.driver.state["epochs"] == 3
+
+
+def test_driver_state_naming_moved_graph_and_ml_modules_loads() -> None:
+    """A driver state whose user state names classes by the graph and ml modules they
+    lived in before the move (``iterflow.graph.model``, ``iterflow.ml.model``) loads."""
+    from iterflow.graph import Graph
+    from iterflow.ml import MLError
+    from iterflow.runtime.checkpoint.format import DriverState, load_driver_state
+
+    driver = DriverState(
+        variable_names=("x",),
+        state={"graph": Graph, "error": MLError},
+        listeners={},
+        emitted={},
+        history=[],
+        metrics={},
+        termination=None,
+    )
+    raw = pickle.dumps(driver, protocol=0)  # text opcodes: module names can be rewritten
+    assert b"iterflow.graph.graphs" in raw and b"iterflow.ml.training" in raw
+    old = raw.replace(b"iterflow.graph.graphs", b"iterflow.graph.model").replace(
+        b"iterflow.ml.training", b"iterflow.ml.model"
+    )
+    assert load_driver_state(old).state == {"graph": Graph, "error": MLError}
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from pyspark.sql import SparkSession
 
 import iterflow as itf
 from iterflow.cli import main
-from iterflow.demo.online_kmeans import (
+from iterflow.demo.online_kmeans_demo import (
     POINTS_SCHEMA,
     blobs,
     centers_of,

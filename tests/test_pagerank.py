@@ -8,7 +8,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from iterflow.cli import main
-from iterflow.demo.pagerank import pagerank, random_graph
+from iterflow.demo.pagerank_demo import pagerank, random_graph
 
 pytestmark = pytest.mark.spark
 

@@ -20,7 +20,7 @@ Three ways to run it, all on iterflow's public API only:
 - ``method="blocks"`` (the default above that): the rank vector in slices kept in
   Spark, with numpy kernels (``RankKernels``) on the block path (``block_runner``).
 - ``method="dataframe"``: joins and aggregates over ``(id, rank)`` rows, for
-  graphs whose rank vector does not fit in memory; ``iterflow.demo.pagerank``
+  graphs whose rank vector does not fit in memory; ``iterflow.demo.pagerank_demo``
   runs the same body.
 """
 

@@ -171,9 +171,14 @@ MOVED_CLASSES = {
     ("iterflow.progress.round", "RoundProgress"): "iterflow.reports",
     ("iterflow.unbounded.epochs", "StreamPosition"): "iterflow.unbounded.epoch_log",
     ("iterflow.runtime.checkpoint", "DriverState"): "iterflow.runtime.checkpoint.format",
+    ("iterflow.graph.block_state", "Layout"): "iterflow.graph.block_layout",
 }
 #: Modules whose every class a checkpoint may name has moved: old module -> new one.
-MOVED_MODULES = {"iterflow.records": "iterflow.reports"}
+MOVED_MODULES = {
+    "iterflow.records": "iterflow.reports",
+    "iterflow.ml.model": "iterflow.ml.training",
+    "iterflow.graph.model": "iterflow.graph.graphs",
+}
 
 
 class _DriverStateUnpickler(pickle.Unpickler):

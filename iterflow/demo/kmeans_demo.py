@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from iterflow.demo.online_kmeans import blobs
+from iterflow.demo.online_kmeans_demo import blobs
 
 
 def random_blobs(
