@@ -286,6 +286,17 @@ def test_http_json_sink_refuses_a_url_that_is_not_http(url: object) -> None:
     assert "abcdef123456" not in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("retries", -1), ("retries", 1.5), ("retries", True), ("backoff_s", -0.1), ("backoff_s", "1")],
+)
+def test_http_json_sink_refuses_retries_or_backoff_that_are_not_counts(
+    option: str, value: object
+) -> None:
+    with pytest.raises(IterflowValueError, match=f"HttpJsonSink {option} is {value!r}"):
+        HttpJsonSink("http://collector:8080/m", **{option: value})  # type: ignore[arg-type]
+
+
 class ScriptedHTTPServer(ThreadingHTTPServer):
     """Answers the n-th POST with ``statuses[n]`` (the last one from then on), with
     ``headers``; keeps the bodies of the POSTs it answered with 2xx."""

@@ -211,7 +211,6 @@ def _iterflow_version() -> str | None:
 def _import_exporter() -> Any:
     try:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        from opentelemetry.sdk.metrics.export import MetricsData  # noqa: F401
     except ImportError as error:
         raise IterflowError(
             "OtlpSink needs the OpenTelemetry SDK and its OTLP/HTTP exporter, which are not "

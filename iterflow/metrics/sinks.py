@@ -121,6 +121,16 @@ class HttpJsonSink(MetricsSink):
                 f"HttpJsonSink url '{redacted_url(str(url))}' is not an http(s) URL; "
                 "give one such as 'http://collector:8080/iterflow'"
             )
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise IterflowValueError(
+                f"HttpJsonSink retries is {retries!r}; give a whole number, 0 or more"
+            )
+        if isinstance(backoff_s, bool) or not (
+            isinstance(backoff_s, (int, float)) and 0 <= backoff_s < math.inf
+        ):
+            raise IterflowValueError(
+                f"HttpJsonSink backoff_s is {backoff_s!r}; give a number of seconds, 0 or more"
+            )
         self.url = url
         self.timeout_s = timeout_s
         self.retries = retries
