@@ -7,7 +7,6 @@ import logging
 import sys
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import attrs
@@ -19,7 +18,16 @@ from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from test_sinks import SnapshotSource, closed_port, make_snapshot, serving
+from test_sinks import (
+    Answer,
+    Request,
+    SnapshotSource,
+    StubHTTPServer,
+    closed_port,
+    make_snapshot,
+    scripted,
+    stub,
+)
 
 import iterflow as itf
 from iterflow.errors import IterflowError, IterflowValueError, IterflowWarning
@@ -28,51 +36,20 @@ from iterflow.metrics.pusher import MetricsPusher
 from iterflow.reports import RoundProgress
 
 
-class Collector(ThreadingHTTPServer):
-    """Takes OTLP/HTTP metrics POSTs: keeps each decoded request, its path and headers;
-    answers ``status``."""
-
-    def __init__(self, status: int = 200) -> None:
-        super().__init__(("127.0.0.1", 0), _CollectorHandler)
-        self.status = status
-        self.requests: list[ExportMetricsServiceRequest] = []
-        self.paths: list[str] = []
-        self.headers: list[dict[str, str]] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _CollectorHandler(BaseHTTPRequestHandler):
-    server: Collector
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        self.server.paths.append(self.path)
-        self.server.headers.append({k.lower(): v for k, v in self.headers.items()})
-        if self.server.status == 200:
-            self.server.requests.append(ExportMetricsServiceRequest.FromString(body))
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.send_header("Content-Length", "0")
-        else:
-            answer = b"bad metrics"
-            self.send_response(self.server.status)
-            self.send_header("Content-Length", str(len(answer)))
-        self.end_headers()
-        if self.server.status != 200:
-            self.wfile.write(b"bad metrics")
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+def collector_answer(request: Request, n: int) -> Answer:
+    """What a collector answers a metrics export it takes: 200 and an empty response."""
+    return 200, {"Content-Type": "application/x-protobuf"}, b""
 
 
 @pytest.fixture
-def collector() -> Iterator[Collector]:
-    server = Collector()
-    with serving(server):
+def collector() -> Iterator[StubHTTPServer]:
+    with stub(collector_answer) as server:
         yield server
+
+
+def decoded(server: StubHTTPServer) -> list[ExportMetricsServiceRequest]:
+    """The export requests ``server`` received, decoded."""
+    return [ExportMetricsServiceRequest.FromString(r.body) for r in server.requests]
 
 
 def attributes(pairs: Any) -> dict[str, object]:
@@ -95,7 +72,7 @@ def by_state(points: Any) -> dict[object, Any]:
     return {attributes(p.attributes)["iterflow.state"]: p for p in points}
 
 
-def test_otlp_sink_exports_every_kind_of_metric(collector: Collector) -> None:
+def test_otlp_sink_exports_every_kind_of_metric(collector: StubHTTPServer) -> None:
     sink = OtlpSink(
         collector.url + "/v1/metrics",
         headers={"api-key": "k-123"},
@@ -106,10 +83,11 @@ def test_otlp_sink_exports_every_kind_of_metric(collector: Collector) -> None:
     sink.push(attrs.evolve(snapshot, started_at=started))
     sink.close()
 
-    [request] = collector.requests
-    assert collector.paths == ["/v1/metrics"]
-    assert collector.headers[0]["api-key"] == "k-123"
-    assert collector.headers[0]["content-type"] == "application/x-protobuf"
+    [received] = collector.requests
+    assert (received.method, received.path) == ("POST", "/v1/metrics")
+    assert received.headers["api-key"] == "k-123"
+    assert received.headers["content-type"] == "application/x-protobuf"
+    [request] = decoded(collector)
     [resource_metrics] = request.resource_metrics
     resource = attributes(resource_metrics.resource.attributes)
     assert resource["service.name"] == "iterflow"
@@ -163,27 +141,26 @@ def test_otlp_sink_exports_every_kind_of_metric(collector: Collector) -> None:
 
 
 def test_otlp_sink_sends_to_v1_metrics_when_the_endpoint_has_no_path(
-    collector: Collector,
+    collector: StubHTTPServer,
 ) -> None:
     sink = OtlpSink(collector.url, service_name="nightly-jobs", prefix="jobs.")
     assert sink.endpoint == collector.url + "/v1/metrics"
     sink.push(make_snapshot())
 
-    assert collector.paths == ["/v1/metrics"]
-    [request] = collector.requests
+    assert [r.path for r in collector.requests] == ["/v1/metrics"]
+    [request] = decoded(collector)
     resource = attributes(request.resource_metrics[0].resource.attributes)
     assert resource["service.name"] == "nightly-jobs"
     assert "jobs.rows_seen" in exported(request)
 
 
 def test_a_collector_that_refuses_the_metrics_fails_the_push_with_its_reason() -> None:
-    collector = Collector(status=400)
-    with serving(collector):
+    with stub(scripted([400])) as collector:
         sink = OtlpSink(collector.url)
         with pytest.raises(DeliveryError, match=r"the OTLP exporter gave up: .*code: 400"):
             sink.push(make_snapshot())
 
-    assert len(collector.paths) == 1  # a 400 is not tried again
+    assert len(collector.requests) == 1  # a 400 is not tried again
 
 
 def test_a_refused_collector_fails_the_final_push_and_the_pusher_warns(
@@ -202,7 +179,7 @@ def test_a_refused_collector_fails_the_final_push_and_the_pusher_warns(
     assert any(r.levelname == "WARNING" and "final push" in r.getMessage() for r in caplog.records)
 
 
-def test_the_pusher_delivers_each_push_to_the_collector(collector: Collector) -> None:
+def test_the_pusher_delivers_each_push_to_the_collector(collector: StubHTTPServer) -> None:
     sink = OtlpSink(collector.url)
     pusher = MetricsPusher(SnapshotSource(), [(sink, 3600.0)])
     pusher.round_ended(
@@ -212,7 +189,7 @@ def test_the_pusher_delivers_each_push_to_the_collector(collector: Collector) ->
     )
     pusher.stop()
 
-    [request] = collector.requests
+    [request] = decoded(collector)
     rows = exported(request)["iterflow.rows_seen"][1]
     assert by_state(rows.sum.data_points)["committed"].as_int == 10
 
@@ -232,7 +209,7 @@ def test_otlp_sink_without_the_sdk_names_the_extra(monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.spark
 def test_a_run_exports_its_metrics_to_the_collector(
-    spark: SparkSession, collector: Collector
+    spark: SparkSession, collector: StubHTTPServer
 ) -> None:
     rounds = itf.metrics.counter("otlp.rounds")
     sizes = itf.metrics.distribution("otlp.sizes")
@@ -253,7 +230,7 @@ def test_a_run_exports_its_metrics_to_the_collector(
     )
 
     assert result.rounds == 3
-    [request] = collector.requests  # the final push only: the interval never came
+    [request] = decoded(collector)  # the final push only: the interval never came
     metrics = exported(request)
     points = by_state(metrics["iterflow.otlp.rounds"][1].sum.data_points)
     assert points["committed"].as_int == 3

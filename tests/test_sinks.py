@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from prometheus_client import generate_latest
@@ -108,44 +109,78 @@ class FlakySink(RecordingSink):
         super().push(snapshot)
 
 
-class RecordingHTTPServer(ThreadingHTTPServer):
-    """Answers POSTs to /fail with 500, to /bad with 400 and to /moved with a redirect;
-    records the others. ``requests`` counts the POSTs to each path."""
+class Request(NamedTuple):
+    """One request a ``StubHTTPServer`` received; header names in lower case."""
 
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _RecordingHandler)
-        self.bodies: list[dict[str, object]] = []
-        self.content_types: list[str | None] = []
-        self.authorizations: list[str | None] = []
-        self.requests: dict[str, int] = {}
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+#: What a stub answers: status, headers, body.
+Answer = tuple[int, dict[str, str], bytes]
+
+
+class StubHTTPServer(ThreadingHTTPServer):
+    """Answers the n-th POST or PUT (from 0) with ``answer(request, n)`` and keeps every
+    request in ``requests``."""
+
+    def __init__(self, answer: Callable[[Request, int], Answer]) -> None:
+        super().__init__(("127.0.0.1", 0), _StubHandler)
+        self.answer = answer
+        self.requests: list[Request] = []
+        self._lock = threading.Lock()
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
 
 
-class _RecordingHandler(BaseHTTPRequestHandler):
-    server: RecordingHTTPServer
+class _StubHandler(BaseHTTPRequestHandler):
+    server: StubHTTPServer
 
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        self.server.requests[self.path] = self.server.requests.get(self.path, 0) + 1
-        if self.path == "/fail":
-            self.send_response(500)
-        elif self.path == "/bad":
-            self.send_response(400)
-        elif self.path == "/moved":
-            self.send_response(302)
-            self.send_header("Location", "/")
-        else:
-            self.server.content_types.append(self.headers["Content-Type"])
-            self.server.authorizations.append(self.headers["Authorization"])
-            self.server.bodies.append(json.loads(body))
-            self.send_response(204)
+    def _answer(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        request = Request(self.command, self.path, headers, body)
+        with self.server._lock:
+            status, answer_headers, answer = self.server.answer(request, len(self.server.requests))
+            self.server.requests.append(request)
+        self.send_response(status)
+        for name, value in {**answer_headers, "Content-Length": str(len(answer))}.items():
+            self.send_header(name, value)
         self.end_headers()
+        self.wfile.write(answer)
+
+    do_POST = do_PUT = _answer
 
     def log_message(self, format: str, *args: object) -> None:
         pass
+
+
+def by_path(request: Request, n: int) -> Answer:
+    """500 for /fail, 400 for /bad, a redirect for /moved, else 204."""
+    statuses = {"/fail": 500, "/bad": 400, "/moved": 302}
+    return (
+        statuses.get(request.path, 204),
+        {"Location": "/"} if request.path == "/moved" else {},
+        b"",
+    )
+
+
+def scripted(
+    statuses: list[int], headers: dict[str, str] | None = None
+) -> Callable[[Request, int], Answer]:
+    """Answers the n-th request with ``statuses[n]``, the last one from then on."""
+    return lambda request, n: (statuses[min(n, len(statuses) - 1)], headers or {}, b"")
+
+
+@contextlib.contextmanager
+def stub(answer: Callable[[Request, int], Answer]) -> Iterator[StubHTTPServer]:
+    server = StubHTTPServer(answer)
+    with serving(server):
+        yield server
 
 
 class GraphiteServer(socketserver.ThreadingTCPServer):
@@ -184,9 +219,8 @@ def serving(server: socketserver.BaseServer) -> Iterator[None]:
 
 
 @pytest.fixture
-def http_server() -> Iterator[RecordingHTTPServer]:
-    server = RecordingHTTPServer()
-    with serving(server):
+def http_server() -> Iterator[StubHTTPServer]:
+    with stub(by_path) as server:
         yield server
 
 
@@ -221,13 +255,16 @@ def scrape(text: str) -> dict[tuple[str, str, str], float]:
     }
 
 
-def test_http_json_sink_posts_the_snapshot_as_json(http_server: RecordingHTTPServer) -> None:
+def test_http_json_sink_posts_the_snapshot_as_json(http_server: StubHTTPServer) -> None:
     sink = HttpJsonSink(http_server.url + "/metrics", headers={"X-Team": "graphs"})
     sink.push(make_snapshot())
     sink.close()
 
-    assert http_server.content_types == ["application/json"]
-    [body] = http_server.bodies
+    [request] = http_server.requests
+    assert (request.method, request.path) == ("POST", "/metrics")
+    assert request.headers["content-type"] == "application/json"
+    assert request.headers["x-team"] == "graphs"
+    body = json.loads(request.body)
     assert body["iteration"] == "pagerank"
     assert body["run_id"] == "run-1"
     assert body["epoch"] == 3
@@ -257,26 +294,25 @@ def test_http_json_sink_posts_the_snapshot_as_json(http_server: RecordingHTTPSer
     ],
 )
 def test_http_json_sink_raises_on_a_status_other_than_2xx(
-    http_server: RecordingHTTPServer, path: str, answer: str, tries: int
+    http_server: StubHTTPServer, path: str, answer: str, tries: int
 ) -> None:
     sink = HttpJsonSink(http_server.url + path, retries=2, backoff_s=0.01)
     with pytest.raises(DeliveryError) as raised:
         sink.push(make_snapshot())
     s = "y" if tries == 1 else "ies"
     assert str(raised.value) == f"the server answered {answer} (after {tries} tr{s})"
-    assert http_server.requests == {path: tries}
-    assert http_server.bodies == []
+    assert [request.path for request in http_server.requests] == [path] * tries
 
 
 def test_http_json_sink_sends_the_urls_user_info_as_basic_authentication(
-    http_server: RecordingHTTPServer,
+    http_server: StubHTTPServer,
 ) -> None:
     url = http_server.url.replace("http://", "http://alice:s3cret@") + "/metrics"
     HttpJsonSink(url).push(make_snapshot())
 
     # "alice:s3cret" in base64.
-    assert http_server.authorizations == ["Basic YWxpY2U6czNjcmV0"]
-    assert http_server.requests == {"/metrics": 1}
+    [request] = http_server.requests
+    assert request.headers["authorization"] == "Basic YWxpY2U6czNjcmV0"
 
 
 @pytest.mark.parametrize("url", ["collector.example/ingest?token=abcdef123456", "ftp://x/y", 7])
@@ -297,71 +333,26 @@ def test_http_json_sink_refuses_retries_or_backoff_that_are_not_counts(
         HttpJsonSink("http://collector:8080/m", **{option: value})  # type: ignore[arg-type]
 
 
-class ScriptedHTTPServer(ThreadingHTTPServer):
-    """Answers the n-th POST with ``statuses[n]`` (the last one from then on), with
-    ``headers``; keeps the bodies of the POSTs it answered with 2xx."""
-
-    def __init__(self, statuses: list[int], headers: dict[str, str] | None = None) -> None:
-        super().__init__(("127.0.0.1", 0), _ScriptedHandler)
-        self.statuses = statuses
-        self.headers = headers or {}
-        self.received = 0
-        self.delivered: list[dict[str, object]] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/metrics"
-
-
-class _ScriptedHandler(BaseHTTPRequestHandler):
-    server: ScriptedHTTPServer
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        statuses = self.server.statuses
-        status = statuses[min(self.server.received, len(statuses) - 1)]
-        self.server.received += 1
-        if 200 <= status < 300:
-            self.server.delivered.append(json.loads(body))
-        self.send_response(status)
-        for name, value in self.server.headers.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def scripted(
-    statuses: list[int], headers: dict[str, str] | None = None
-) -> Iterator[ScriptedHTTPServer]:
-    server = ScriptedHTTPServer(statuses, headers)
-    with serving(server):
-        yield server
-
-
 def test_http_json_sink_tries_a_503_again_and_delivers_once() -> None:
-    with scripted([503, 503, 204]) as server:
+    with stub(scripted([503, 503, 204])) as server:
         HttpJsonSink(server.url, backoff_s=0.01).push(make_snapshot())
 
-    assert server.received == 3
-    assert server.delivered == [make_snapshot().to_dict()]
+    # Three tries, one delivery: only the last was taken.
+    bodies = [json.loads(request.body) for request in server.requests]
+    assert bodies == [make_snapshot().to_dict()] * 3
 
 
 def test_http_json_sink_gives_up_after_its_retries_and_the_pusher_warns(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="iterflow.metrics")
-    with scripted([503]) as server:
+    with stub(scripted([503])) as server:
         sink = HttpJsonSink(server.url, retries=2, backoff_s=0.01)
         pusher = MetricsPusher(SnapshotSource(), [(sink, 3600.0)])
         with pytest.warns(IterflowWarning, match="did not receive the final push"):
             pusher.stop()
 
-    assert server.received == 3  # the first try and 2 retries: bounded
-    assert server.delivered == []
+    assert len(server.requests) == 3  # the first try and 2 retries: bounded
     failed = (
         f"metrics sink '{sink.name}' failed: DeliveryError: the server answered "
         "503 Service Unavailable (after 3 tries)"
@@ -381,19 +372,19 @@ def test_http_json_sink_tries_a_refused_connection_again_then_gives_up() -> None
 
 
 def test_http_json_sink_does_not_wait_for_a_retry_after_beyond_its_timeout() -> None:
-    with scripted([429], headers={"Retry-After": "3600"}) as server:
+    with stub(scripted([429], headers={"Retry-After": "3600"})) as server:
         sink = HttpJsonSink(server.url, timeout_s=2.0)
         with pytest.raises(DeliveryError, match=r"answered 429 Too Many Requests \(after 1 try\)"):
             sink.push(make_snapshot())
 
-    assert server.received == 1
+    assert len(server.requests) == 1
 
 
 def test_http_json_sink_waits_for_a_retry_after_within_its_timeout() -> None:
-    with scripted([429, 204], headers={"Retry-After": "0"}) as server:
+    with stub(scripted([429, 204], headers={"Retry-After": "0"})) as server:
         HttpJsonSink(server.url, timeout_s=2.0).push(make_snapshot())
 
-    assert server.received == 2 and len(server.delivered) == 1
+    assert len(server.requests) == 2
 
 
 def test_graphite_sink_sends_one_plaintext_line_per_value(graphite_server: GraphiteServer) -> None:
@@ -496,65 +487,36 @@ def test_prometheus_sink_close_stops_the_server() -> None:
         urllib.request.urlopen(f"http://127.0.0.1:{sink.port}/metrics", timeout=5)
 
 
-class PushGateway(ThreadingHTTPServer):
-    """A Pushgateway stub: records the method, path and body of each request; answers
-    with ``status``."""
-
-    def __init__(self, status: int = 200) -> None:
-        super().__init__(("127.0.0.1", 0), _PushGatewayHandler)
-        self.status = status
-        self.requests: list[tuple[str, str, str]] = []
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.server_address[1]}"
-
-
-class _PushGatewayHandler(BaseHTTPRequestHandler):
-    server: PushGateway
-
-    def _record(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.server.requests.append((self.command, self.path, body.decode("utf-8")))
-        self.send_response(self.server.status)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    do_PUT = do_POST = _record
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 def test_prometheus_sink_pushes_each_snapshot_to_the_push_gateway() -> None:
-    gateway = PushGateway()
-    with serving(gateway):
+    with stub(scripted([200])) as gateway:
+        address = gateway.url.removeprefix("http://")
         sink = PrometheusSink(
-            push_gateway=gateway.address, job="nightly", grouping_key={"instance": "host-1"}
+            push_gateway=address, job="nightly", grouping_key={"instance": "host-1"}
         )
         sink.push(make_snapshot("pagerank", epoch=3))
         sink.push(make_snapshot("kmeans", epoch=1, final=True))
 
-    assert sink.name == f"prometheus push-gateway {gateway.address} job=nightly"
-    assert [(method, path) for method, path, _ in gateway.requests] == [
+    assert sink.name == f"prometheus push-gateway {address} job=nightly"
+    assert [(request.method, request.path) for request in gateway.requests] == [
         ("PUT", "/metrics/job/nightly/instance/host-1")
     ] * 2
     # A PUT replaces the group: the second holds both iterations' latest values.
-    samples = scrape(gateway.requests[1][2])
+    samples = scrape(gateway.requests[1].body.decode("utf-8"))
     for iteration in ("pagerank", "kmeans"):
         assert samples[("iterflow_rows_seen_total", iteration, "committed")] == 10
         assert samples[("iterflow_loss_delta_sum", iteration, "attempted")] == 10.0
         assert samples[("iterflow_lr", iteration, "committed")] == 0.5
-    assert ("iterflow_rows_seen_total", "kmeans", "committed") not in scrape(gateway.requests[0][2])
+    assert ("iterflow_rows_seen_total", "kmeans", "committed") not in scrape(
+        gateway.requests[0].body.decode("utf-8")
+    )
 
 
 def test_a_push_gateway_that_refuses_the_push_fails_it_and_the_pusher_warns(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="iterflow.metrics")
-    gateway = PushGateway(status=500)
-    with serving(gateway):
-        sink = PrometheusSink(push_gateway=f"http://{gateway.address}", job="nightly")
+    with stub(scripted([500])) as gateway:
+        sink = PrometheusSink(push_gateway=gateway.url, job="nightly")
         pusher = MetricsPusher(SnapshotSource(), [(sink, 3600.0)])
         with pytest.warns(IterflowWarning, match="did not receive the final push") as warned:
             pusher.stop()
