@@ -48,9 +48,10 @@ class OtlpSink(MetricsSink):
     (``service_name``) and ``service.instance.id`` (the run id), then
     ``resource_attributes`` and ``OTEL_RESOURCE_ATTRIBUTES`` (the arguments win).
 
-    The SDK's exporter sends the request and retries what OTLP calls transient (429,
-    502, 503, 504, with backoff), all within ``timeout_s``. A push it gives up on raises
-    ``DeliveryError`` with the exporter's reason (the pusher warns, naming the sink).
+    The SDK's exporter sends the request and tries again, with backoff, what its release
+    counts as transient (5xx answers; 429 in recent ones), all within ``timeout_s``. A
+    push it gives up raises ``DeliveryError`` with the exporter's reason (the pusher
+    warns, naming the sink).
 
     >>> OtlpSink("http://collector:4318/v1/metrics", headers={"api-key": "k"})  # doctest: +SKIP
     """
