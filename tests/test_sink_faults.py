@@ -231,7 +231,8 @@ def test_an_endpoint_that_answers_byte_by_byte_is_cut_at_the_timeout() -> None:
 
 def test_refused_endpoints_fail_fast_and_the_final_push_warns_per_sink() -> None:
     port = closed_port()
-    http = HttpJsonSink(f"http://127.0.0.1:{port}/m")
+    # Its 3 retries wait 0.03 s in all (0.75 s with the default backoff_s).
+    http = HttpJsonSink(f"http://127.0.0.1:{port}/m", backoff_s=0.01)
     graphite = GraphiteSink("127.0.0.1", port)
     pusher = MetricsPusher(snapshot_source(), [(http, 0.05), (graphite, 0.05)])
     pusher.start()

@@ -17,6 +17,7 @@ Everything here is pure Python but the Spark bridge, which the round loops load.
 """
 
 from iterflow.metrics.mlflow_sink import MlflowSink
+from iterflow.metrics.otlp_sink import OtlpSink
 from iterflow.metrics.registry import (
     Counter,
     Distribution,
@@ -27,6 +28,7 @@ from iterflow.metrics.registry import (
     gauge,
 )
 from iterflow.metrics.sinks import (
+    DeliveryError,
     GraphiteSink,
     HttpJsonSink,
     JsonLinesSink,
@@ -37,6 +39,7 @@ from iterflow.metrics.values import DistributionValue, MetricResult, MetricsSnap
 
 __all__ = [
     "Counter",
+    "DeliveryError",
     "Distribution",
     "DistributionValue",
     "Gauge",
@@ -48,6 +51,7 @@ __all__ = [
     "MetricsSink",
     "MetricsSnapshot",
     "MlflowSink",
+    "OtlpSink",
     "PrometheusSink",
     "counter",
     "distribution",

@@ -7,7 +7,8 @@ slow, refused or hanging sink costs neither the rounds nor the other sinks any
 time, and the end of the run waits at most twice ``timeout_s`` for each sink (in
 parallel): the push under way, then the final one. A failing sink logs a warning
 and never fails the run; a sink that misses the final push gets an
-``IterflowWarning`` naming what it missed: the totals and the rounds.
+``IterflowWarning``, and a WARNING on the ``iterflow.metrics`` logger, naming what
+it missed: the totals and the rounds.
 """
 
 from __future__ import annotations
@@ -166,8 +167,9 @@ class MetricsPusher:
 
         Returns once every sink received it, or gave up on the slowest: each sink
         gets its ``timeout_s``, twice that when it is still busy with a push (to
-        finish it, then the final one), all sinks at once. An ``IterflowWarning``
-        names each sink that did not receive the final push and what it missed.
+        finish it, then the final one), all sinks at once. An ``IterflowWarning``, also
+        logged at WARNING, names each sink that did not receive the final push and what
+        it missed.
         Sinks stay open: they belong to the caller, who may push more runs to them
         (a ``PrometheusSink`` keeps serving the final values until closed). A second
         call does nothing.
@@ -189,7 +191,7 @@ class MetricsPusher:
             self._settle(schedule, push)
         for schedule, push in finals:
             if push.outcome:
-                warn(self._missed(schedule, push))
+                given_up(self._missed(schedule, push))
 
     def _run(self) -> None:
         while True:
@@ -230,7 +232,7 @@ class MetricsPusher:
             )
             if final:
                 names = ", ".join(f"'{s.sink.name}'" for s in schedules)
-                warn(f"{message}; metrics sink(s) {names} did not receive the final push")
+                given_up(f"{message}; metrics sink(s) {names} did not receive the final push")
             else:
                 logger.warning("%s", message)
             return []
@@ -332,6 +334,13 @@ class MetricsPusher:
             f"metrics {names}): {push.outcome}{rounds} ({schedule.failures} push(es) in a "
             "row failed)"
         )
+
+
+def given_up(message: str) -> None:
+    """Say that a final push was given up: at WARNING on ``iterflow.metrics``, where
+    logs are collected, and as an ``IterflowWarning``, which the caller sees."""
+    logger.warning("%s", message)
+    warn(message)
 
 
 def epochs_text(epochs: Iterable[int]) -> str:

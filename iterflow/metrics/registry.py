@@ -191,6 +191,8 @@ class RunMetrics:
     ) -> None:
         self.iteration = iteration
         self.run_id = run_id
+        #: When the run began: the start of its cumulative totals for OTLP.
+        self.started_at = datetime.now(timezone.utc)
         self._executor_states = executor_states
         self._forget = forget
         self._lock = threading.Lock()
@@ -334,6 +336,7 @@ class RunMetrics:
             epoch=self._last_completed,
             final=final,
             metrics=metrics,
+            started_at=self.started_at,
         )
 
     # -- internals (called with the lock held) -------------------------------------

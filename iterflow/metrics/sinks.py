@@ -9,20 +9,28 @@ from __future__ import annotations
 import abc
 import json
 import logging
+import math
 import re
 import socket
 import threading
+import time
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import urllib3
+
+from iterflow.errors import IterflowValueError
 from iterflow.metrics.values import DistributionValue, MetricsSnapshot, number_fields
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric
+    from urllib3.connectionpool import ConnectionPool
+    from urllib3.response import BaseHTTPResponse
 
 logger = logging.getLogger("iterflow.metrics")
 
@@ -82,36 +90,185 @@ class JsonLinesSink(MetricsSink):
 
 
 class HttpJsonSink(MetricsSink):
-    """POSTs each snapshot as JSON to ``url``; a status other than 2xx raises.
+    """POSTs each snapshot as JSON to ``url``; a final status other than 2xx raises.
 
-    ``timeout_s`` bounds connecting and each wait for the server's answer; the pusher
-    bounds the whole push by it too. Its ``name``, and the errors that warnings quote,
-    show the URL with its user info and query values as ``***`` (``redacted_url``).
+    Sent with urllib3: a refused connection and the statuses of ``RETRY_STATUSES``
+    (429 and the 5xx of a server overloaded or away) are tried again, at most
+    ``retries`` times: at once, then after ``backoff_s``, twice that, and so on (or
+    after the server's ``Retry-After``), as long as the next try starts within
+    ``timeout_s`` of the push's start. A request whose answer did not come is not sent
+    again: the server may have taken it. ``timeout_s`` also bounds connecting and each
+    wait for the answer.
+    Redirects are not followed. User info in ``url`` is sent as basic authentication;
+    ``name``, and the errors that warnings quote, show the URL with its user info and
+    query values as ``***`` (``redacted_url``).
 
     >>> sink = HttpJsonSink("http://collector:8080/iterflow", timeout_s=2.0)  # doctest: +SKIP
     """
 
     def __init__(
-        self, url: str, *, timeout_s: float = 5.0, headers: dict[str, str] | None = None
+        self,
+        url: str,
+        *,
+        timeout_s: float = 5.0,
+        headers: dict[str, str] | None = None,
+        retries: int = 3,
+        backoff_s: float = 0.25,
     ) -> None:
+        parts = urllib3.util.parse_url(url) if _is_http_url(url) else None
+        if parts is None:
+            raise IterflowValueError(
+                f"HttpJsonSink url '{redacted_url(str(url))}' is not an http(s) URL; "
+                "give one such as 'http://collector:8080/iterflow'"
+            )
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise IterflowValueError(
+                f"HttpJsonSink retries is {retries!r}; give a whole number, 0 or more"
+            )
+        if isinstance(backoff_s, bool) or not (
+            isinstance(backoff_s, (int, float)) and 0 <= backoff_s < math.inf
+        ):
+            raise IterflowValueError(
+                f"HttpJsonSink backoff_s is {backoff_s!r}; give a number of seconds, 0 or more"
+            )
         self.url = url
         self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
         self.headers = {**(headers or {}), "Content-Type": "application/json"}
+        if parts.auth:
+            self.headers.update(urllib3.util.make_headers(basic_auth=parts.auth))
+        self._target = parts._replace(auth=None).url
+        self._pool = urllib3.PoolManager()
         self.name = f"http-json {redacted_url(url)}"
 
     def push(self, snapshot: MetricsSnapshot) -> None:
-        request = urllib.request.Request(
-            self.url,
-            data=json.dumps(snapshot.to_dict()).encode("utf-8"),
-            headers=self.headers,
-            method="POST",
+        retry = RetryWithin(
+            time.monotonic() + self.timeout_s,
+            total=self.retries,
+            read=0,  # the request went out: the server may have taken it
+            other=0,
+            redirect=False,
+            allowed_methods=None,  # POST too: what is retried never reached the server
+            status_forcelist=RETRY_STATUSES,
+            # urllib3 waits backoff_factor × 2^(n-1) before try n+1, none before the second.
+            backoff_factor=self.backoff_s / 2,
+            raise_on_status=False,
         )
-        # Any final status other than 2xx raises HTTPError, redirects included.
-        with _NO_REDIRECT_OPENER.open(request, timeout=self.timeout_s):
-            pass
+        try:
+            with HeldBackLogs("urllib3.connectionpool"):
+                response = self._pool.request(
+                    "POST",
+                    self._target,
+                    body=json.dumps(snapshot.to_dict()).encode("utf-8"),
+                    headers=self.headers,
+                    timeout=urllib3.Timeout(connect=self.timeout_s, read=self.timeout_s),
+                    retries=retry,
+                    redirect=False,
+                )
+        except urllib3.exceptions.MaxRetryError as error:
+            tries = len(retry.failed)
+            raise DeliveryError(f"no delivery after {_tries(tries)}: {error.reason}") from error
+        if not 200 <= response.status < 300:
+            tries = 1 + (len(response.retries.history) if response.retries is not None else 0)
+            raise DeliveryError(
+                f"the server answered {response.status} {response.reason or ''}".rstrip()
+                + f" (after {_tries(tries)})"
+            )
 
     def redact(self, text: str) -> str:
         return without_secrets(text, self.url)
+
+    def close(self) -> None:
+        """Close the connections kept for the next pushes."""
+        self._pool.clear()
+
+
+#: Statuses a push is tried again for: the server is overloaded or briefly away.
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+def _tries(n: int) -> str:
+    return f"{n} tr{'y' if n == 1 else 'ies'}"
+
+
+class DeliveryError(OSError):
+    """A push that a server refused, or that did not reach it in the tries allowed."""
+
+
+class RetryWithin(urllib3.util.Retry):
+    """urllib3's ``Retry`` that also gives up when the next try would start after
+    ``deadline`` (a ``time.monotonic()``), and counts the failed tries in ``failed``."""
+
+    def __init__(self, deadline: float = math.inf, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.deadline = deadline
+        #: What each failed try met (a status or an error), shared by the copies urllib3 makes.
+        self.failed: list[str] = []
+
+    def new(self, **kwargs: Any) -> RetryWithin:
+        retry = super().new(**kwargs)
+        retry.deadline, retry.failed = self.deadline, self.failed
+        return retry
+
+    def increment(
+        self,
+        method: str | None = None,
+        url: str | None = None,
+        response: BaseHTTPResponse | None = None,
+        error: Exception | None = None,
+        _pool: ConnectionPool | None = None,
+        _stacktrace: TracebackType | None = None,
+    ) -> RetryWithin:
+        self.failed.append(str(response.status) if response is not None else type(error).__name__)
+        retry = super().increment(method, url, response, error, _pool, _stacktrace)
+        # What urllib3 waits before the next try: the server's Retry-After, else the backoff.
+        retry_after = None
+        if response is not None and retry.respect_retry_after_header:
+            retry_after = retry.get_retry_after(response)
+        wait = retry_after or retry.get_backoff_time()
+        if time.monotonic() + wait >= self.deadline:
+            reason = error or urllib3.exceptions.ResponseError(
+                f"no time left to try again within the sink's timeout_s after {self.failed[-1]}"
+            )
+            raise urllib3.exceptions.MaxRetryError(_pool, url, reason) from reason  # type: ignore[arg-type]
+        return retry
+
+
+class HeldBackLogs(logging.Filter):
+    """Holds back what the logger ``name`` logs on this thread while in use, keeping the
+    messages in ``messages``: clients log their retries quoting the request's URL, where
+    a token may be. The push's outcome, with the secrets taken out, is what the pusher
+    reports."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.logger = logging.getLogger(name)
+        self.thread = threading.get_ident()
+        self.messages: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.thread != self.thread:
+            return True
+        self.messages.append(record.getMessage())
+        return False
+
+    def __enter__(self) -> HeldBackLogs:
+        self.logger.addFilter(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.removeFilter(self)
+
+
+def _is_http_url(url: object) -> bool:
+    if not isinstance(url, str):
+        return False
+    try:
+        parts = urllib3.util.parse_url(url)
+    except urllib3.exceptions.LocationParseError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.host)
 
 
 #: Secrets shorter than this are hidden only as part of the URL they are in: replacing a
@@ -157,16 +314,6 @@ def without_secrets(text: str, url: str) -> str:
     for secret in sorted(secrets, key=len, reverse=True):  # the whole before its parts
         text = text.replace(secret, secrets[secret])
     return text
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Refuses redirects: urllib would resend a redirected POST as a GET, without the body."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-_NO_REDIRECT_OPENER = urllib.request.build_opener(_NoRedirect)
 
 
 class GraphiteSink(MetricsSink):
@@ -239,7 +386,8 @@ def graphite_path(dotted: str) -> str:
 
 
 class PrometheusSink(MetricsSink):
-    """Exposes the latest snapshot of each iteration for Prometheus to scrape.
+    """Exposes the latest snapshot of each iteration for Prometheus to scrape, or pushes
+    it to a Pushgateway.
 
     Counters become ``<prefix>_<name>_total``, gauges ``<prefix>_<name>``,
     distributions a summary ``<prefix>_<name>`` (count and sum) plus gauges
@@ -254,9 +402,15 @@ class PrometheusSink(MetricsSink):
     ``sink.url`` (also in ``name`` and logged at INFO on ``iterflow.metrics``)
     says where the metrics are served.
 
+    With ``push_gateway`` (``"host:9091"`` or a URL), each push also sends the whole
+    registry to that Pushgateway, replacing what the group ``job`` + ``grouping_key``
+    held (``prometheus_client.push_to_gateway``, an HTTP PUT bounded by ``timeout_s``):
+    the way for batch runs, which end before a scrape would come.
+
     >>> sink = PrometheusSink(9464)  # doctest: +SKIP
     >>> sink.url  # doctest: +SKIP
     'http://127.0.0.1:9464/metrics'
+    >>> PrometheusSink(push_gateway="pushgateway:9091", job="nightly-pagerank")  # doctest: +SKIP
     """
 
     def __init__(
@@ -266,7 +420,16 @@ class PrometheusSink(MetricsSink):
         addr: str = "127.0.0.1",
         registry: CollectorRegistry | None = None,
         prefix: str = "iterflow",
+        push_gateway: str | None = None,
+        job: str = "iterflow",
+        grouping_key: dict[str, str] | None = None,
+        timeout_s: float = 5.0,
     ) -> None:
+        if push_gateway is not None and not (isinstance(job, str) and job):
+            raise IterflowValueError(
+                f"PrometheusSink job {job!r} is not a name; give the Pushgateway job a "
+                "non-empty string, e.g. job='nightly-pagerank'"
+            )
         try:
             import prometheus_client
         except ImportError as error:
@@ -292,12 +455,31 @@ class PrometheusSink(MetricsSink):
             self.url = f"http://{host}:{self.port}/metrics"
             logger.info("PrometheusSink serves the metrics at %s", self.url)
         self.name = f"prometheus {self.addr}:{self.port}" if port is not None else "prometheus"
-        # The registry calls collect() on each scrape.
+        self.push_gateway = push_gateway
+        self.job = job
+        self.grouping_key = dict(grouping_key or {})
+        self.timeout_s = timeout_s
+        if push_gateway is not None:
+            self.name += f" push-gateway {redacted_url(push_gateway)} job={job}"
+        # The registry calls collect() on each scrape, and on each push to the gateway.
         self.registry.register(self)
 
     def push(self, snapshot: MetricsSnapshot) -> None:
         with self._lock:
             self.latest[snapshot.iteration] = snapshot
+        if self.push_gateway is not None:
+            from prometheus_client import push_to_gateway
+
+            push_to_gateway(
+                self.push_gateway,
+                job=self.job,
+                registry=self.registry,
+                grouping_key=self.grouping_key,
+                timeout=self.timeout_s,
+            )
+
+    def redact(self, text: str) -> str:
+        return text if self.push_gateway is None else without_secrets(text, self.push_gateway)
 
     def close(self) -> None:
         """Stop serving; the registry keeps the last values for servers of your own."""

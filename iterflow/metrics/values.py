@@ -86,7 +86,8 @@ class MetricsSnapshot:
     every round so far), in the order they ended, each with its metric values;
     ``parameters`` is what the run started with, as its ``iteration_started``
     event tells it (``inputs``, ``conditions``, ``resumed_from``), empty when
-    the push came before the run started.
+    the push came before the run started; ``started_at`` is when the run began
+    (None in snapshots made by hand), the start of the totals for sinks that need one.
     """
 
     iteration: str
@@ -97,6 +98,7 @@ class MetricsSnapshot:
     metrics: Mapping[str, MetricResult]
     rounds: tuple[RoundProgress, ...] = ()
     parameters: Mapping[str, Any] = attrs.field(factory=dict)
+    started_at: datetime | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form, the body of ``HttpJsonSink`` posts and ``JsonLinesSink`` lines:
