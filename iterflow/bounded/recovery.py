@@ -80,6 +80,7 @@ class Recovery:
             emitted={k: list(v) for k, v in driver.emitted.items()},
             metrics=metrics,
             resumed_from=checkpoint.epoch,
+            iteration=loop.observers.iteration,
         )
 
     def resume(self, checkpoint: Checkpoint) -> dict[str, DataFrame]:
