@@ -350,7 +350,7 @@ class RunObservers:
             )
         outcome = f"{termination.reason} at epoch {termination.epoch}"
         self._logger.info(
-            "%s ended: %s after %d round(s) in %.3g s",
+            "%s ended: %s after %d round(s) in %.2f s",
             self._named(),
             outcome,
             rounds,
@@ -379,7 +379,7 @@ class RunObservers:
         outcome = "failed" if epoch is None else f"failed at epoch {epoch}"
         # INFO: the error itself reaches the caller, raised.
         self._logger.info(
-            "%s %s after %.3g s: %s: %s",
+            "%s %s after %.2f s: %s: %s",
             self._named(),
             outcome,
             self.elapsed_s,
