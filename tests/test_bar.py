@@ -84,7 +84,7 @@ def test_in_a_notebook_the_bar_is_a_widget_that_fills_when_the_run_converges(
     shown.round_end(progress(0), max_rounds=10)  # a body's until() gives the total late
     shown.round_end(progress(1), max_rounds=10)
     pbar = shown._bar.container.children[1]
-    assert (pbar.value, pbar.max) == (2, 10)
+    assert (pbar.value, pbar.max, pbar.bar_style, pbar.layout.width) == (2, 10, "", None)
 
     shown.close("converged at epoch 1")
 

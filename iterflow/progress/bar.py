@@ -58,11 +58,16 @@ def _front_end() -> bool:
 
 
 def _set_total(bar: tqdm[None], total: int) -> None:
-    """Make ``total`` the bar's end; a widget's own maximum follows (tqdm sets it once)."""
-    bar.total = total
+    """Make ``total`` the bar's end; a widget's own maximum follows (tqdm sets it once),
+    and an open counter's narrow "info" widget becomes a bar (as tqdm's ``reset``)."""
     container = getattr(bar, "container", None)  # tqdm.notebook's widget box
     if container is not None:
-        container.children[1].max = total
+        widget = container.children[1]
+        if not bar.total:
+            widget.bar_style = ""
+            widget.layout.width = None
+        widget.max = total
+    bar.total = total
 
 
 def describe_round(progress: RoundProgress) -> str:
