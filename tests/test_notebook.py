@@ -40,11 +40,13 @@ def executed(tmp_path: Path) -> Any:
     pytest.importorskip("ipykernel", reason="the notebook test needs ipykernel")
     pytest.importorskip("ipywidgets", reason="the progress widget needs ipywidgets")
     pytest.importorskip("matplotlib", reason="result.plot() needs matplotlib")
-    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
 
-    spec = KernelSpecManager().get_kernel_spec("python3")
-    if os.path.realpath(spec.argv[0]) != os.path.realpath(sys.executable):
-        pytest.skip(f"the python3 kernel runs {spec.argv[0]}, not this interpreter")
+    # jupyter_client runs a kernel spec's "python" as this interpreter; another kernel
+    # named python3 installed for another Python would not see this iterflow.
+    command = KernelManager(kernel_name="python3").format_kernel_cmd()
+    if os.path.realpath(command[0]) != os.path.realpath(sys.executable):
+        pytest.skip(f"the python3 kernel runs {command[0]}, not this interpreter")
     env = {
         **os.environ,
         "PYSPARK_PYTHON": sys.executable,
