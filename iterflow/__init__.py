@@ -14,6 +14,8 @@ termination conditions::
     result = itf.BoundedIteration(step).bind("x", df).until(itf.max_rounds(10)).run()
 """
 
+import logging
+
 from iterflow import metrics, progress
 from iterflow.body import Declaration, IterationBody, RoundContext, body
 from iterflow.bounded import BoundedIteration, IterationResult
@@ -36,6 +38,10 @@ from iterflow.unbounded import FileSink, UnboundedIteration, UnboundedQuery
 from iterflow.windows import FixedWindows, SessionWindows, SlidingWindows, WindowFn
 
 __version__ = "0.1.0"
+
+# A library leaves logging to the application: records of the ``iterflow`` loggers go
+# nowhere until it configures logging (Python's last-resort handler stays out of it).
+logging.getLogger("iterflow").addHandler(logging.NullHandler())
 
 __all__ = [
     "BoundedIteration",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import sys
 import warnings
@@ -119,10 +120,15 @@ class IterflowWarning(UserWarning):
 _PASSED_THROUGH = ("contextlib", "functools", "threading")
 
 
-def warn(message: str, category: type[Warning] = IterflowWarning) -> None:
+def warn(
+    message: str, category: type[Warning] = IterflowWarning, *, log: logging.Logger | None = None
+) -> None:
     """Warn with the caller's line: the first frame outside iterflow (the user's
     ``run()``, or the listener that a round called), however deep iterflow's own
-    call chain is at the moment."""
+    call chain is at the moment. With ``log``, the message is also a WARNING record
+    there (applications that watch logs rather than warnings see it)."""
+    if log is not None:
+        log.warning("%s", message)
     frame = sys._getframe(1)
     level = 2  # warnings.warn counts this function as 1
     while frame is not None and (

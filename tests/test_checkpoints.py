@@ -3,6 +3,7 @@ checkpoints, fingerprints (shared local[2] session)."""
 
 from __future__ import annotations
 
+import logging
 import pickle
 import warnings
 from pathlib import Path
@@ -254,7 +255,7 @@ def lose_block_at(epoch: int) -> Any:
 @pytest.mark.spark_classic("drops a checkpoint block through the py4j handle")
 @pytest.mark.usefixtures("checkpointed_variables")
 def test_a_lost_checkpoint_block_rolls_back_to_the_durable_checkpoint(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     rounds = itf.metrics.counter("rollback_test.rounds")
     calls: list[int] = []
@@ -276,6 +277,13 @@ def test_a_lost_checkpoint_block_rolls_back_to_the_durable_checkpoint(
             listeners=(count, lose_block_at(4)),
             event_log=log,
         )
+    # The rollback is a WARNING on iterflow.checkpoint too, for applications that log.
+    assert [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "iterflow.checkpoint" and r.levelno == logging.WARNING
+        if "rolling back to the durable checkpoint of epoch 3" in r.getMessage()
+    ]
     # Epochs 4 (completed) and 5 (failed) ran again from the checkpoint of epoch 3.
     assert calls == [0, 1, 2, 3, 4, 5, 4, 5, 6, 7]
     assert values(result) == expected(8)

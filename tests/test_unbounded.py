@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import shutil
 import time
@@ -44,7 +45,8 @@ def running_sum(total, numbers):
     return itf.Declaration(feedback={"total": new_total}, outputs={"total": new_total})
 
 
-def test_running_sum_over_files_is_exact_per_epoch_and_ends_available_now(spark, tmp_path):
+def test_running_sum_over_files_is_exact_per_epoch_and_ends_available_now(spark, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="iterflow")
     files = [[1, 2, 3], [10, 20], [100], [1000, 2000, 3000, 4000]]
     write_numbers(tmp_path / "in", files)
     out = itf.FileSink(str(tmp_path / "out"))
@@ -65,6 +67,14 @@ def test_running_sum_over_files_is_exact_per_epoch_and_ends_available_now(spark,
     assert written == list(enumerate(expected))
     assert [p.input_rows["numbers"] for p in query.progress] == [len(f) for f in files]
     assert all(p.backlog["feedback_rows"] == 0 for p in query.progress)
+    # In a notebook: a row per epoch, and how the query ended; in the log, its end.
+    frame = query.history_frame()
+    assert frame["epoch"].tolist() == list(range(len(files)))
+    assert frame["input.numbers"].tolist() == [len(f) for f in files]
+    shown = query._repr_html_()
+    assert "inputs_ended at epoch 3" in shown and "terminated" in shown
+    ended = [r.getMessage() for r in caplog.records if r.name == "iterflow.unbounded"]
+    assert [m for m in ended if "'running_sum'" in m and "ended: inputs_ended at epoch 3" in m]
 
 
 @itf.body

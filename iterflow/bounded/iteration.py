@@ -96,8 +96,8 @@ class BoundedIteration(IterationBuilder):
 
         ``spark`` is the session for inputs bound as rows or pandas frames; by
         default the session of the bound DataFrames, else ``itf.session()``.
-        ``progress`` shows a progress bar on stderr (default: when it is a
-        terminal); ``event_log`` appends the run's events to a JSON-lines file
+        ``progress`` shows a progress bar on stderr, a widget in a notebook (default:
+        on a terminal or in a notebook); ``event_log`` appends the run's events to a JSON-lines file
         (see docs/events.md).
 
         ``checkpoint_dir`` (any path Spark can write: local, ``hdfs://``,

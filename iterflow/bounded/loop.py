@@ -223,6 +223,7 @@ class RoundLoop:
             metrics=metrics,
             resumed_from=resumed_from,
             rollbacks=list(self.recovery.rollbacks),
+            iteration=self.body.name,
         )
 
     def data_inputs(self) -> dict[str, DataFrame]:

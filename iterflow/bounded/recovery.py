@@ -9,6 +9,7 @@ times.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -26,6 +27,8 @@ from iterflow.runtime.progresstrack.observers import enclosing_round
 from iterflow.runtime.round.cycle import RoundCycle
 from iterflow.runtime.spark.jvm import removed_executors
 from iterflow.termination import Condition, max_rounds_of
+
+log = logging.getLogger("iterflow.checkpoint")
 
 #: Rollbacks to a durable checkpoint one run may make before it gives up.
 MAX_ROLLBACKS = 3
@@ -80,6 +83,7 @@ class Recovery:
             emitted={k: list(v) for k, v in driver.emitted.items()},
             metrics=metrics,
             resumed_from=checkpoint.epoch,
+            iteration=loop.observers.iteration,
         )
 
     def resume(self, checkpoint: Checkpoint) -> dict[str, DataFrame]:
@@ -145,7 +149,8 @@ class Recovery:
         warn(
             f"{lost}; rolling back to the durable checkpoint of epoch {checkpoint.epoch} and "
             f"running again from epoch {checkpoint.epoch + 1} "
-            f"({rollback.rounds_recomputed} completed round(s) recomputed)"
+            f"({rollback.rounds_recomputed} completed round(s) recomputed)",
+            log=log,
         )
         self.loop.observers.rolled_back(rollback)
         self.cycle.drop_rounds()

@@ -6,8 +6,11 @@ Public as ``itf.progress`` for reading what runs wrote (what ``iterflow report``
 log, ``format_report(events)`` makes its table per round, ``plot_events(events, ...)``
 draws its curves (matplotlib), ``round_values(event)`` and ``metric_points(events, name)``
 read one round's values and one metric's series, ``progress_to_dict(progress)`` is a
-``RoundProgress`` as its event-log line holds it."""
+``RoundProgress`` as its event-log line holds it. ``History`` is a run's list of
+``RoundProgress`` (``result.history``), shown as a table in a notebook; its ``frame()``
+is that table as a pandas DataFrame."""
 
+from iterflow.progress.display import History
 from iterflow.progress.event_log import progress_to_dict, read_events
 from iterflow.progress.listeners import (
     Emitter,
@@ -22,6 +25,7 @@ from iterflow.reports import RoundProgress, RoundSample
 
 __all__ = [
     "Emitter",
+    "History",
     "IterationEnd",
     "ListenerSet",
     "RoundEnd",

@@ -53,3 +53,14 @@ def plot_events(
     axes.set_title(f"{started.get('iteration', '?')}: {name} per round ({ending(events)})")
     axes.grid(True, alpha=0.3)
     return figure
+
+
+def save_figure(figure: Figure, output: str) -> None:
+    """Write ``figure`` to the image file ``output`` (its suffix picks the format)."""
+    try:
+        figure.savefig(output, dpi=120)
+    except (OSError, ValueError) as error:  # an unwritable path, an unknown image format
+        raise IterflowError(
+            f"cannot write '{output}': {getattr(error, 'strerror', None) or error}; "
+            "pick a writable path ending in .png, .svg or .pdf"
+        ) from None

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from iterflow.errors import IterflowValueError
-from iterflow.progress.event_log import main_run, ordered_rounds, round_ends
+from iterflow.progress.event_log import main_run, nested_round_ends, ordered_rounds, round_ends
 
 #: Round table headers for the RoundProgress fields; other columns keep their name.
 _LABELS = {
@@ -73,35 +73,38 @@ def metric_points(
     return points
 
 
-def format_report(events: Sequence[Mapping[str, Any]]) -> str:
-    """The rounds of one run as a table, then its summary: rounds, time, ending, metrics.
-
-    ``events`` are the events of one run, as :func:`read_events` returns them.
-    Columns that no round has a value for are left out.
-    """
-    rounds = round_ends(events)
+def round_table(events: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """The round table of :func:`format_report` as values: its header, then one row per
+    round (the first cell the epoch, or a nested round's epoch path as a tuple; None
+    where a round has no value). Columns that no round has a value for are left out."""
     run = main_run(events)
     # The rounds of runs nested in a round follow it, their epoch as a path: (3, 0).
     ordered = [(e, e.get("run_id") != run) for _, e in ordered_rounds(events)]
-    nested = [e for e, inner in ordered if inner]
     values = [round_values(e) for e, _ in ordered]
     columns = [
         name
         for name in dict.fromkeys(name for row in values for name in row)
         if any(row.get(name) is not None for row in values)
     ]
+    rows = [
+        [_path(e) if inner else e.get("epoch"), *(row.get(name) for name in columns)]
+        for (e, inner), row in zip(ordered, values, strict=True)
+    ]
+    return ["epoch", *(_LABELS.get(name, name) for name in columns)], rows
+
+
+def format_report(events: Sequence[Mapping[str, Any]]) -> str:
+    """The rounds of one run as a table, then its summary: rounds, time, ending, metrics.
+
+    ``events`` are the events of one run, as :func:`read_events` returns them.
+    Columns that no round has a value for are left out.
+    """
+    header, rows = round_table(events)
     table = _table(
-        ["epoch", *(_LABELS.get(name, name) for name in columns)],
-        [
-            [
-                str(_path(e)) if inner else _cell(e.get("epoch")),
-                *(_cell(row.get(name)) for name in columns),
-            ]
-            for (e, inner), row in zip(ordered, values, strict=True)
-        ],
-        align=">" * (len(columns) + 1),
+        header, [[_cell(value) for value in row] for row in rows], align=">" * len(header)
     )
-    return "\n".join([*table, "", *_summary(events, rounds, nested)]) + "\n"
+    summary = _summary(events, round_ends(events), nested_round_ends(events))
+    return "\n".join([*table, "", *summary]) + "\n"
 
 
 def _path(event: Mapping[str, Any]) -> tuple[int, ...]:

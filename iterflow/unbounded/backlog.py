@@ -38,7 +38,7 @@ from iterflow.runtime.spark.files import Files, files_for
 from iterflow.runtime.spark.jvm import HadoopFiles, file_sources, stream_checkpoint, time_setting_ms
 from iterflow.unbounded.source_log import is_compaction, log_entries, log_files
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("iterflow.unbounded")
 
 #: Measurements (one per micro-batch) over which the drain rate is taken.
 DRAIN_WINDOW = 10

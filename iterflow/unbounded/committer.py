@@ -20,6 +20,7 @@ rewind needs those of the last commit, so the loop then waits for a commit.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -32,6 +33,8 @@ from pyspark.sql import DataFrame
 from iterflow.errors import IterflowWarning
 from iterflow.unbounded import epoch_log
 from iterflow.unbounded.epoch_log import Committed, EpochLog, Snapshot
+
+log = logging.getLogger("iterflow.unbounded")
 
 #: Spark's setting for how many micro-batches of offsets and commits it keeps.
 RETAINED_BATCHES_CONF = "spark.sql.streaming.minBatchesToRetain"
@@ -103,6 +106,7 @@ class Committer:
             while self._thread is not None:
                 self._changed.wait()
         if self._error is not None and not self._surfaced:
+            log.warning("%s", self._error)
             warnings.warn(str(self._error), IterflowWarning, stacklevel=2)
 
     def _write_here(self, epoch: int, batch_id: int, pending: Mapping[str, DataFrame]) -> None:

@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.streaming import StreamingQuery
 
-from iterflow.errors import IterflowError
+from iterflow.errors import IterflowError, gist
+from iterflow.progress.display import (
+    History,
+    history_events,
+    history_frame,
+    history_html,
+    summary_html,
+)
+from iterflow.progress.table import ending
 from iterflow.reports import RoundProgress, Termination
 from iterflow.runtime.progresstrack.sampler import on_sampler_thread
 from iterflow.unbounded.backlog import SourceBacklog
 from iterflow.unbounded.epochs import EpochLoop
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: How often the watcher looks at the streaming query (seconds).
 POLL_S = 0.1
@@ -48,10 +59,38 @@ class UnboundedQuery:
     # -- public ----------------------------------------------------------------------
 
     @property
-    def history(self) -> list[RoundProgress]:
+    def history(self) -> History:
         """Per-epoch progress, oldest first (the most recent ``keep_history`` epochs, 1,000
         by default), like ``IterationResult.history``."""
-        return list(self._loop.loop.history)
+        return History(self._loop.loop.history)
+
+    def history_frame(self) -> pd.DataFrame:
+        """The epochs of ``history`` as a pandas DataFrame, one row per epoch, with the
+        columns of ``iterflow report`` (as ``IterationResult.history_frame()``)."""
+        return history_frame(self._events())
+
+    def _events(self) -> list[dict[str, Any]]:
+        history = self.history
+        return history_events(
+            history,
+            iteration=self._loop.body.name,
+            termination=self._termination,
+            rounds=history[-1].epoch + 1 if history else 0,
+        )
+
+    def _repr_html_(self) -> str:
+        """How the query is doing, then a row per epoch kept (notebooks show this)."""
+        status = self.status
+        fields = {
+            "state": status["state"],
+            "epoch": status["epoch"],
+            "committed epoch": status["committed_epoch"],
+            "feedback rows in flight": status["feedback_rows_in_flight"],
+            "termination": None if self._termination is None else ending(self._events()),
+            "error": None if self._error is None else gist(self._error),
+        }
+        title = f"UnboundedQuery '{self._loop.body.name}'"
+        return summary_html(title, fields, history_html(self._events()))
 
     @property
     def progress(self) -> list[RoundProgress]:

@@ -93,8 +93,7 @@ class CheckpointStore:
                     f"checkpoint epoch {epoch} in '{self.root}' is not usable ({unusable}); "
                     "skipping it for an older one"
                 )
-                log.warning("%s", message)
-                warn(message)
+                warn(message, log=log)
         if damaged:
             raise IterflowError(
                 f"no checkpoint in '{self.root}' can be resumed from: "
@@ -248,12 +247,12 @@ class CheckpointStore:
         try:
             self._prune(epoch)
         except Exception as exc:  # epoch ``epoch`` is committed all the same
-            warnings.warn(
+            message = (
                 f"checkpoint epoch {epoch} committed, but older epochs in '{self.root}' "
-                f"could not be deleted: {exc}",
-                IterflowWarning,
-                stacklevel=2,
+                f"could not be deleted: {exc}"
             )
+            log.warning("%s", message)
+            warnings.warn(message, IterflowWarning, stacklevel=2)
 
     def _prune(self, committed: int) -> None:
         self._check_lease()

@@ -5,6 +5,7 @@ settle)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import warnings
 from collections.abc import Callable, Mapping
@@ -29,6 +30,8 @@ from iterflow.runtime.checkpoint.format import (
 from iterflow.runtime.checkpoint.lease import Lease, lease_timeout_s
 from iterflow.runtime.checkpoint.store import CheckpointStore
 from iterflow.runtime.spark.jvm import is_classic, spark_context
+
+log = logging.getLogger("iterflow.checkpoint")
 
 _JOB_PROPERTIES = ("spark.scheduler.pool", "spark.job.description")
 
@@ -254,7 +257,8 @@ class Checkpointing:
             warn(
                 f"{exc}. The result is returned, but the final checkpoint is missing: "
                 "a later run() with this checkpoint_dir resumes from the last "
-                "committed epoch and runs the remaining rounds again"
+                "committed epoch and runs the remaining rounds again",
+                log=log,
             )
 
     def write_snapshot(
@@ -293,13 +297,13 @@ class Checkpointing:
         except CheckpointWriteError as exc:
             if not lost_checkpoint_block(exc):
                 raise
-            warnings.warn(
+            message = (
                 f"the checkpoint of epoch {exc.epoch} was skipped: a block of its data was lost "
                 "before the write read it (an executor was lost); the next checkpoint covers "
-                "the rounds since the last one",
-                IterflowWarning,
-                stacklevel=2,
+                "the rounds since the last one"
             )
+            log.warning("%s", message)
+            warnings.warn(message, IterflowWarning, stacklevel=2)
 
     def close(self) -> None:
         """Give the directory's lease back (the run has ended, its writes are done)."""
@@ -310,4 +314,5 @@ class Checkpointing:
         try:
             self.writer.wait()
         except IterflowError as exc:
+            log.warning("%s", exc)
             warnings.warn(str(exc), IterflowWarning, stacklevel=2)

@@ -48,6 +48,7 @@ Spark job per round (``ColumnarData``), with the reason in the event log.
 
 from __future__ import annotations
 
+import logging
 import pickle
 import queue
 import threading
@@ -87,6 +88,8 @@ from iterflow.runtime.spark.schema import map_in_arrow
 START_TIMEOUT_S = 60.0
 #: Relaunches of the resident job within one kernel call before the round fails.
 RELAUNCHES = 3
+
+logger = logging.getLogger("iterflow.resident")
 
 
 class ResidentUnavailable(Exception):
@@ -432,7 +435,7 @@ class ResidentData:
     def _relaunching(self, payload: bytes) -> list[dict[str, Any]]:
         """``_call``'s exchange, relaunching the resident job when a task is lost."""
         lost: Exception | None = None
-        for _attempt in range(RELAUNCHES + 1):
+        for attempt in range(RELAUNCHES + 1):
             try:
                 if lost is not None:
                     self.stop(cancel=True)
@@ -440,6 +443,14 @@ class ResidentData:
                 replies = self._exchange(payload)
             except (ResidentTaskLost, ResidentUnavailable) as error:
                 lost = error
+                if attempt < RELAUNCHES:
+                    logger.warning(
+                        "a resident task was lost during a kernel call (%s); relaunching the "
+                        "resident job and calling again (relaunch %d of at most %d)",
+                        error,
+                        attempt + 1,
+                        RELAUNCHES,
+                    )
                 continue
             failed = [reply for reply in replies if "error" in reply]
             if failed:

@@ -114,7 +114,7 @@ class ResidentPolicy:
     def load(self, df: DataFrame, prepare: Prepare | None) -> ResidentData | None:
         """``df`` made resident, or None (under ``auto``) when it cannot be."""
         if self.reason is not None:
-            self._decide(Residency("jobs", self.reason))
+            self._fall_back(self.reason)
             return None
         data: ResidentData | None = None
         try:
@@ -144,6 +144,19 @@ class ResidentPolicy:
     def decline(self, reason: str) -> None:
         """Data that asked not to be resident: the run's mode is jobs, for ``reason``,
         unless data was made resident before."""
+        self._fall_back(reason, chosen=True)
+
+    def _fall_back(self, reason: str, *, chosen: bool = False) -> None:
+        """The run's kernels run as a Spark job per round, for ``reason``: said once per
+        run on ``iterflow.resident``, as a WARNING unless the user chose it (``off``,
+        ``resident=False``), which is INFO."""
+        if not self.tracker.decided:
+            chosen = chosen or self.setting == "off"
+            logger.log(
+                logging.INFO if chosen else logging.WARNING,
+                "ctx.columnar data is not resident; its kernels run as a Spark job per round: %s",
+                reason,
+            )
         self._decide(Residency("jobs", reason))
 
     def _resident(self, df: DataFrame, prepare: Prepare | None) -> ResidentData:

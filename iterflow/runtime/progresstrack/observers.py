@@ -7,6 +7,7 @@ RoundProgress with the round's metrics and the backlog estimate.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
@@ -106,6 +107,10 @@ class RunObservers:
     ) -> None:
         self.iteration = iteration
         self.run_id = uuid.uuid4().hex[:12]
+        # Only an unbounded run is not nestable (its query runs on threads of its own).
+        self._logger = logging.getLogger(
+            "iterflow.bounded" if options.nestable else "iterflow.unbounded"
+        )
         self._context = spark_context(spark)
         self._clock = time.perf_counter()
         # An unbounded query runs on its own threads: never nested in the round that started it.
@@ -177,6 +182,12 @@ class RunObservers:
         """
         if resumed_from is not None:
             self._bar.resume(resumed_from + 1)
+        self._logger.info(
+            "%s started%s%s",
+            self._named(),
+            "" if resumed_from is None else f", resuming after epoch {resumed_from}",
+            f", nested in the round at epoch path {self.path}" if self.path else "",
+        )
         if self._log is None and not self._pusher.has_sinks:
             return  # no one to describe the run to
         parameters: dict[str, Any] = {
@@ -337,8 +348,20 @@ class RunObservers:
                 metrics=totals,
                 epoch_path=self.path,
             )
-        self._bar.close(f"{termination.reason} at epoch {termination.epoch}")
+        outcome = f"{termination.reason} at epoch {termination.epoch}"
+        self._logger.info(
+            "%s ended: %s after %d round(s) in %.2f s",
+            self._named(),
+            outcome,
+            rounds,
+            self.elapsed_s,
+        )
+        self._bar.close(outcome)
         return totals
+
+    def _named(self) -> str:
+        """``iteration 'pagerank' (run 3f2a...)``: which run a log record is about."""
+        return f"iteration '{self.iteration}' (run {self.run_id})"
 
     def failed(self, epoch: int | None, error: BaseException) -> None:
         """The run failed in round ``epoch`` (None: before its first round)."""
@@ -353,7 +376,17 @@ class RunObservers:
                 metrics=totals,
                 epoch_path=self.path,
             )
-        self._bar.close("failed" if epoch is None else f"failed at epoch {epoch}")
+        outcome = "failed" if epoch is None else f"failed at epoch {epoch}"
+        # INFO: the error itself reaches the caller, raised.
+        self._logger.info(
+            "%s %s after %.2f s: %s: %s",
+            self._named(),
+            outcome,
+            self.elapsed_s,
+            type(error).__name__,
+            gist(error),
+        )
+        self._bar.close(outcome, failed=True)
 
     def close(self) -> None:
         """Final metrics push (it completes before this returns), then release everything."""

@@ -19,7 +19,7 @@ from pyspark.sql.types import StructType
 
 from iterflow.errors import IterflowError, IterflowValueError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("iterflow.spark")
 
 # Whether the warning that checkpoint statistics cannot be set was logged.
 _statistics_warned = False
