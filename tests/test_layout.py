@@ -24,6 +24,7 @@ LOOPS = (
     "iterflow.builder",
     "iterflow.runtime",
     "iterflow.windows",
+    "iterflow.durations",
 )
 
 #: part -> the parts it may import (itself always). "iterflow" is the public API
@@ -32,7 +33,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     # Leaves: pure Python values and rules.
     "iterflow.errors": (),
     "iterflow.reports": (),
-    "iterflow.windows": ("iterflow.errors",),
+    "iterflow.durations": ("iterflow.errors",),
+    "iterflow.windows": ("iterflow.errors", "iterflow.durations"),
     "iterflow.termination": ("iterflow.errors", "iterflow.reports"),
     "iterflow.metrics": ("iterflow.errors", "iterflow.reports"),
     "iterflow.progress": ("iterflow.errors", "iterflow.reports", "iterflow.metrics"),
@@ -52,7 +54,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "iterflow.runtime.spark": ("iterflow.errors",),
     "iterflow.runtime.checkpoint": (
         "iterflow.errors",
-        "iterflow.windows",
+        "iterflow.durations",
         "iterflow.runtime.spark",
     ),
     "iterflow.runtime.progresstrack": (
@@ -116,6 +118,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "iterflow.bounded",
         "iterflow.unbounded",
         "iterflow.windows",
+        "iterflow.durations",
     ),
 }
 
@@ -129,6 +132,7 @@ LEAVES = (
     "iterflow.termination",
     "iterflow.progress",
     "iterflow.windows",
+    "iterflow.durations",
 )
 SPARK = ("pyspark", "py4j")
 
