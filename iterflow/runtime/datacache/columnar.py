@@ -12,9 +12,9 @@ copy) and hands the kernel a ``pyarrow.Table``.
 The files live in ``spark.iterflow.columnar.dir`` (default: a temporary folder on
 the driver, which suits ``local`` and ``local-cluster`` masters). On a cluster
 of several machines it must be storage every executor can read: a shared mount,
-or a URI that ``pyarrow.fs`` opens (``s3://``, ``gs://``, ``hdfs://``...): the Python
-tasks that read the files have no JVM, so Hadoop-only schemes (``s3a://``, ``abfss://``)
-are refused with an error naming the scheme. A task that cannot find its file fails
+or a URI that ``pyarrow.fs`` opens (``s3://``, ``gs://``, ``hdfs://``, ``abfss://``...):
+the Python tasks that read the files have no JVM, so a Hadoop-only scheme (``s3a://``)
+is refused with an error naming the scheme. A task that cannot find its file fails
 with an error saying so.
 
 ``map(..., combine=f)`` reduces the kernels' outputs with ``f`` in one place, in
