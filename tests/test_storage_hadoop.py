@@ -90,3 +90,43 @@ def test_a_scheme_hadoop_has_no_file_system_for_fails_naming_it(
     assert "scheme 'nosuch'" in message and "spark.hadoop.fs.nosuch.impl" in message
     with pytest.raises(itf.IterflowError, match="scheme 'nosuch'"):
         it.until(itf.max_rounds(1)).run(checkpoint_dir="nosuch://bucket/ckpt")
+
+
+#: Spark's own spellings of intervals, as trigger(processingTime=) reads them.
+SPARK_SPELLINGS = [
+    "10 seconds",
+    "1 second",
+    "1 minute",
+    "500 milliseconds",
+    "250 microseconds",
+    "2 hours",
+    "1 day",
+    "2 weeks",
+    "1 hour 30 minutes",
+    "interval 10 seconds",
+    "INTERVAL 1 Hour",
+    ".5 seconds",
+    "1.25 seconds",
+    "+3 seconds",
+    "1 hour -15 minutes",
+]
+
+
+def test_the_duration_grammar_reads_spark_spellings_as_spark_does(spark: SparkSession) -> None:
+    from iterflow.durations import duration_us
+
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "UTC")  # a day is 24 hours
+    try:
+        row = spark.sql(
+            "SELECT "
+            + ", ".join(
+                f"unix_micros(timestamp_micros(0) + CAST('{text}' AS INTERVAL)) AS c{k}"
+                for k, text in enumerate(SPARK_SPELLINGS)
+            )
+        ).first()
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+    assert row is not None
+    spark_micros = dict(zip(SPARK_SPELLINGS, row, strict=True))
+    assert {text: duration_us(text, "x") for text in SPARK_SPELLINGS} == spark_micros

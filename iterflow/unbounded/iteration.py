@@ -380,7 +380,7 @@ def _check_stream_checkpoint(
     """The epoch log and Spark's own streaming checkpoint must agree: Spark's is rewound to
     the last commit when it is ahead (commits off the loop's path); sinks drop what a
     crashed attempt wrote after the last commit."""
-    stream_files, stream_root = files_for(spark, f"{location}/{STREAM_DIR}")
+    stream_files, stream_root = files_for(spark, f"{location}/{STREAM_DIR}", "checkpoint_location")
     stream_started = bool(stream_files.children(f"{stream_root}/offsets"))
     if loop.batch_id >= 0 and not stream_started:
         raise IterflowValueError(

@@ -34,7 +34,7 @@ from pyspark.sql import SparkSession
 
 from iterflow.durations import duration_us
 from iterflow.errors import CheckpointInUseError, IterflowError, IterflowValueError
-from iterflow.runtime.spark.files import Files
+from iterflow.storage import Files
 
 LEASE = "_LEASE"
 TIMEOUT_CONF = "spark.iterflow.checkpoint.leaseTimeout"
