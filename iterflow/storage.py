@@ -5,13 +5,14 @@ A place is a local path or a Hadoop-compatible URI (``file:``, ``hdfs://``, ``s3
 
 - plain paths and ``file:`` URIs: the local file system, through Python's own file
   functions (fast, and what Spark's local file system sees too);
-- any other scheme, in a driver with a classic Spark session: Hadoop's FileSystem in
-  Spark's JVM, configured by the session's ``spark.hadoop.*`` settings (the connector and
-  credentials Spark's own readers and writers use); ``iterflow.runtime.spark`` hands it in
-  through :func:`use_hadoop`, as this leaf imports no Spark;
+- any other scheme, in a driver with a classic Spark session, when Hadoop has a file
+  system for it: Hadoop's FileSystem in Spark's JVM, configured by the session's
+  ``spark.hadoop.*`` settings (the connector and credentials Spark's own readers and
+  writers use); ``iterflow.runtime.spark`` hands it in through :func:`use_hadoop`, as
+  this leaf imports no Spark;
 - otherwise (no session, as in ``iterflow report``; Spark Connect; Python tasks reading
-  columnar files): ``pyarrow.fs``, for the schemes it opens (``hdfs://``, ``s3://``,
-  ``gs://``, ``abfs://``...).
+  columnar files; a scheme Hadoop has no connector for): ``pyarrow.fs``, for the schemes
+  it opens (``hdfs://``, ``s3://``, ``gs://``, ``abfs://``...).
 
 Anything else fails with an ``IterflowValueError`` naming the scheme and what works.
 """
@@ -38,7 +39,7 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
 SUPPORTED = (
     "plain paths and file: URIs (the local file system); with a classic Spark session, "
     "every scheme Hadoop has a connector for (hdfs://, s3a://, abfss://, gs://..., set up "
-    "by spark.hadoop.* settings); without one, the schemes pyarrow.fs opens (hdfs://, "
+    "by spark.hadoop.* settings); otherwise, the schemes pyarrow.fs opens (hdfs://, "
     "s3://, gs://, abfs://...)"
 )
 
@@ -272,12 +273,12 @@ class ArrowFiles:
         return stream
 
 
-#: ``(place, what)`` -> Hadoop's ``Files`` when a classic Spark session runs in this
-#: process, else None; it refuses a scheme Hadoop has no connector for.
-_hadoop: Callable[[Location, str], Files | None] | None = None
+#: A place -> Hadoop's ``Files`` when a classic Spark session runs in this process and
+#: Hadoop has a file system for the place's scheme, else None.
+_hadoop: Callable[[Location], Files | None] | None = None
 
 
-def use_hadoop(provider: Callable[[Location, str], Files | None]) -> None:
+def use_hadoop(provider: Callable[[Location], Files | None]) -> None:
     """Reach schemes other than ``file:`` through ``provider`` (Hadoop's FileSystem) when it
     gives ``Files``: called by ``iterflow.runtime.spark``, which this leaf cannot import."""
     global _hadoop
@@ -289,7 +290,7 @@ def files_at(place: Location, what: str) -> Files:
     errors."""
     if place.local is not None:
         return LocalFiles()
-    hadoop = _hadoop(place, what) if _hadoop is not None else None
+    hadoop = _hadoop(place) if _hadoop is not None else None
     if hadoop is not None:
         return hadoop
     fs, _ = arrow_filesystem(place.uri, what)

@@ -87,9 +87,12 @@ def test_a_scheme_hadoop_has_no_file_system_for_fails_naming_it(
     with pytest.raises(itf.IterflowError) as raised:
         it.until(itf.max_rounds(1)).run(event_log="nosuch://bucket/run.jsonl")
     message = str(raised.value)
-    assert "scheme 'nosuch'" in message and "spark.hadoop.fs.nosuch.impl" in message
-    with pytest.raises(itf.IterflowError, match="scheme 'nosuch'"):
+    assert "event_log='nosuch://bucket/run.jsonl'" in message
+    assert "scheme 'nosuch'" in message and "Hadoop has a connector for" in message
+    with pytest.raises(itf.IterflowError) as raised:
         it.until(itf.max_rounds(1)).run(checkpoint_dir="nosuch://bucket/ckpt")
+    assert "scheme 'nosuch'" in str(raised.value)
+    assert "spark.hadoop.fs.nosuch.impl" in str(raised.value)
 
 
 #: Spark's own spellings of intervals, as trigger(processingTime=) reads them.

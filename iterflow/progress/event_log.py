@@ -355,7 +355,8 @@ def nested_round_ends(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, 
 
 
 def read_events(path: str | os.PathLike[str], run_id: str | None = None) -> list[dict[str, Any]]:
-    """The events of one run in the event log ``path``, and of the runs nested in it (run
+    """The events of one run in the event log ``path`` (a path or a URI, as ``event_log=``
+    takes), and of the runs nested in it (run
     by its body or listeners, whose lines name it as ``parent_run_id``), in file order.
 
     With ``run_id`` None, the run of the last ``iteration_started`` line that is not

@@ -22,11 +22,15 @@ from iterflow.storage import SUPPORTED, Files, LocalFiles, Location, location, u
 __all__ = ["Files", "HadoopFiles", "LocalFiles", "files_for"]
 
 
-def _hadoop_files(place: Location, what: str) -> Files | None:
-    """Hadoop's ``Files`` for ``place`` when a classic session runs in this process (the
-    storage layer's way to schemes other than ``file:``)."""
+def _hadoop_files(place: Location) -> Files | None:
+    """Hadoop's ``Files`` for ``place`` when a classic session runs in this process and
+    Hadoop has a file system for its scheme (the storage layer's first way to schemes
+    other than ``file:``); None otherwise."""
     context = active_context()
-    return None if context is None else _known(HadoopFiles(context), place, what)
+    if context is None:
+        return None
+    hadoop = HadoopFiles(context)
+    return hadoop if hadoop.knows(place.scheme) else None
 
 
 def _known(hadoop: HadoopFiles, place: Location, what: str) -> HadoopFiles:
