@@ -67,9 +67,9 @@ def test_an_event_log_written_and_read_through_hadoop(
 
 def test_a_run_logs_to_a_file_uri(spark: SparkSession, tmp_path: Path) -> None:
     uri = f"file://{tmp_path}/events/run.jsonl"
-    itf.BoundedIteration(halve).bind("v", spark.range(4).select(F.col("id").alias("x"))).until(
-        itf.max_rounds(2)
-    ).run(event_log=uri)
+    itf.BoundedIteration(halve).bind(
+        "v", spark.range(4).select(F.col("id").cast("double").alias("x"))
+    ).until(itf.max_rounds(2)).run(event_log=uri)
     events = read_events(tmp_path / "events" / "run.jsonl")
     assert [e["event"] for e in events] == [
         "iteration_started",
@@ -83,7 +83,9 @@ def test_a_run_logs_to_a_file_uri(spark: SparkSession, tmp_path: Path) -> None:
 def test_a_scheme_hadoop_has_no_file_system_for_fails_naming_it(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    it = itf.BoundedIteration(halve).bind("v", spark.range(2).select(F.col("id").alias("x")))
+    it = itf.BoundedIteration(halve).bind(
+        "v", spark.range(2).select(F.col("id").cast("double").alias("x"))
+    )
     with pytest.raises(itf.IterflowError) as raised:
         it.until(itf.max_rounds(1)).run(event_log="nosuch://bucket/run.jsonl")
     message = str(raised.value)
