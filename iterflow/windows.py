@@ -3,7 +3,8 @@
 A window is a half-open interval of event time ``[start, end)``. ``ctx.window(df,
 window)`` assigns each row to the windows its ``WindowFn`` gives it and emits a
 window's rows once the step's watermark passes its end (see docs/unbounded.md,
-"Event time")::
+"Event time"). Sizes, gaps and offsets are durations (``iterflow.durations``: a
+``timedelta``, seconds, or a string such as ``"10 minutes"`` or ``"10m"``)::
 
     itf.FixedWindows("10 minutes")                    # [12:00, 12:10), [12:10, 12:20), ...
     itf.SlidingWindows("10 minutes", every="1 minute")  # ten overlapping windows per row
@@ -23,13 +24,13 @@ iterflow, and timezone-aware UTC datetimes at the API.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import attrs
 
+from iterflow.durations import duration_us
 from iterflow.errors import IterflowTypeError, IterflowValueError
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -37,67 +38,6 @@ EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 #: Watermarks before any row (-inf) and once every input has ended (+inf), in microseconds.
 MIN_US = -(1 << 62)
 MAX_US = 1 << 62
-
-#: Microseconds per unit of a duration string ("10 minutes", "500 ms", "1.5 hours").
-_UNITS = {
-    "us": 1,
-    "microsecond": 1,
-    "ms": 1_000,
-    "millisecond": 1_000,
-    "s": 1_000_000,
-    "sec": 1_000_000,
-    "second": 1_000_000,
-    "m": 60_000_000,
-    "min": 60_000_000,
-    "minute": 60_000_000,
-    "h": 3_600_000_000,
-    "hour": 3_600_000_000,
-    "d": 86_400_000_000,
-    "day": 86_400_000_000,
-    "week": 604_800_000_000,
-}
-_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]+)\s*")
-
-
-def duration_us(value: Any, what: str, *, zero: bool = False) -> int:
-    """``value`` (a ``timedelta``, seconds as a number, or a string such as ``"10
-    minutes"``, ``"1 hour 30 minutes"``) in microseconds; ``what`` names it in errors."""
-    if isinstance(value, timedelta):
-        micros = value // timedelta(microseconds=1)
-    elif isinstance(value, bool):
-        raise IterflowTypeError(f"{what}: got a bool; give a duration such as '10 minutes'")
-    elif isinstance(value, (int, float)):
-        micros = round(value * 1_000_000)
-    elif isinstance(value, str):
-        micros = _parse(value, what)
-    else:
-        raise IterflowTypeError(
-            f"{what}: got {type(value).__name__}; give a duration: a timedelta, seconds, "
-            "or a string such as '10 minutes'"
-        )
-    if micros < 0 or (micros == 0 and not zero):
-        least = "zero or more" if zero else "more than zero"
-        raise IterflowValueError(f"{what}: {value!r} must be {least}")
-    return int(micros)
-
-
-def _parse(text: str, what: str) -> int:
-    position, total, matched = 0, 0.0, False
-    lowered = text.lower()
-    while position < len(lowered):
-        match = _DURATION.match(lowered, position)
-        word = match.group(2) if match else ""
-        unit = _UNITS.get(word) or (_UNITS.get(word[:-1]) if word.endswith("s") else None)
-        if match is None or unit is None:
-            raise IterflowValueError(
-                f"{what}: cannot read {text!r} as a duration; write e.g. '10 minutes', "
-                "'30 seconds', '1 hour 30 minutes' (units: us, ms, s, min, h, day, week)"
-            )
-        total += float(match.group(1)) * unit
-        position, matched = match.end(), True
-    if not matched:
-        raise IterflowValueError(f"{what}: {text!r} is empty; write e.g. '10 minutes'")
-    return round(total)
 
 
 def to_datetime(micros: int) -> datetime:

@@ -24,6 +24,8 @@ LOOPS = (
     "iterflow.builder",
     "iterflow.runtime",
     "iterflow.windows",
+    "iterflow.durations",
+    "iterflow.storage",
 )
 
 #: part -> the parts it may import (itself always). "iterflow" is the public API
@@ -32,10 +34,17 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     # Leaves: pure Python values and rules.
     "iterflow.errors": (),
     "iterflow.reports": (),
-    "iterflow.windows": ("iterflow.errors",),
+    "iterflow.durations": ("iterflow.errors",),
+    "iterflow.storage": ("iterflow.errors",),
+    "iterflow.windows": ("iterflow.errors", "iterflow.durations"),
     "iterflow.termination": ("iterflow.errors", "iterflow.reports"),
     "iterflow.metrics": ("iterflow.errors", "iterflow.reports"),
-    "iterflow.progress": ("iterflow.errors", "iterflow.reports", "iterflow.metrics"),
+    "iterflow.progress": (
+        "iterflow.errors",
+        "iterflow.reports",
+        "iterflow.metrics",
+        "iterflow.storage",
+    ),
     # The body a user writes, and the builder both iteration kinds share.
     "iterflow.body": ("iterflow.errors", "iterflow.termination"),
     "iterflow.builder": (
@@ -49,10 +58,11 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     # The Spark machinery both loops share, in packages from the leaf up: never a loop,
     # never a library on top (iterflow/runtime/__init__.py says each package's job).
     "iterflow.runtime": (),
-    "iterflow.runtime.spark": ("iterflow.errors",),
+    "iterflow.runtime.spark": ("iterflow.errors", "iterflow.storage"),
     "iterflow.runtime.checkpoint": (
         "iterflow.errors",
-        "iterflow.windows",
+        "iterflow.durations",
+        "iterflow.storage",
         "iterflow.runtime.spark",
     ),
     "iterflow.runtime.progresstrack": (
@@ -65,6 +75,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     ),
     "iterflow.runtime.datacache": (
         "iterflow.errors",
+        "iterflow.storage",
         "iterflow.metrics",
         "iterflow.progress",
         "iterflow.runtime.spark",
@@ -116,6 +127,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "iterflow.bounded",
         "iterflow.unbounded",
         "iterflow.windows",
+        "iterflow.durations",
     ),
 }
 
@@ -129,6 +141,8 @@ LEAVES = (
     "iterflow.termination",
     "iterflow.progress",
     "iterflow.windows",
+    "iterflow.durations",
+    "iterflow.storage",
 )
 SPARK = ("pyspark", "py4j")
 

@@ -1,4 +1,4 @@
-"""Window functions and durations (pure Python, no Spark)."""
+"""Window functions (pure Python, no Spark); durations are tested in test_durations.py."""
 
 from __future__ import annotations
 
@@ -7,25 +7,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 import iterflow as itf
-from iterflow.errors import IterflowTypeError, IterflowValueError
-from iterflow.windows import MAX_US, MIN_US, duration_us, to_datetime, to_micros
+from iterflow.errors import IterflowValueError
+from iterflow.windows import MAX_US, MIN_US, to_datetime, to_micros
 
 T0 = datetime(2026, 1, 5, 12, 0, tzinfo=timezone.utc)
-
-
-def test_durations_read_strings_numbers_and_timedeltas():
-    assert duration_us("10 minutes", "x") == 600_000_000
-    assert duration_us("1 hour 30 minutes", "x") == 5_400_000_000
-    assert duration_us("500 ms", "x") == duration_us("0.5 seconds", "x") == 500_000
-    assert duration_us("2 days", "x") == duration_us(timedelta(days=2), "x")
-    assert duration_us(1.5, "x") == 1_500_000
-    assert duration_us("0 s", "x", zero=True) == 0
-    with pytest.raises(IterflowValueError, match="cannot read 'ten minutes'"):
-        duration_us("ten minutes", "x")
-    with pytest.raises(IterflowValueError, match="more than zero"):
-        duration_us(0, "x")
-    with pytest.raises(IterflowTypeError, match="got list"):
-        duration_us([1], "x")
 
 
 def test_times_convert_both_ways_and_clamp_at_the_ends():

@@ -5,6 +5,10 @@ written) and ``"run_id"``; several runs may append to one file and are told
 apart by ``run_id``. Lines are flushed as they are written, so a crash keeps
 every finished round and ``tail -f`` follows a running iteration.
 
+The file is a local path or a URI (``file:``, ``hdfs://``, ``s3a://``, ``abfss://``...),
+written and read through the storage layer (``iterflow.storage``); on storage that
+cannot append (object stores), each line rewrites the file.
+
 Example::
 
     with EventLog("logs/pagerank.jsonl") as log:
@@ -21,13 +25,13 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from iterflow.errors import IterflowError, IterflowValueError
 from iterflow.metrics.values import MetricResult, results_to_json, value_to_json
 from iterflow.reports import Rollback, RoundProgress, RoundSample, Termination
+from iterflow.storage import AppendFile, read_bytes
 
 
 def progress_to_dict(p: RoundProgress) -> dict[str, Any]:
@@ -115,16 +119,17 @@ def _iterflow_version() -> str:
 
 
 class EventLog:
-    """Appends the events of iteration runs to the JSON-lines file ``path``.
+    """Appends the events of iteration runs to the JSON-lines file ``path`` (a path or a
+    URI).
 
     The file and its parent directories are created when missing. Use it as a
-    context manager, or call ``close()``.
+    context manager, or call ``close()``. An ``OSError`` when it cannot be opened.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a", encoding="utf-8")
+        self.path = os.fspath(path)
+        self._file = AppendFile(path, "event_log")
+        self._closed = False
         # Rounds are sampled on a thread of their own: one line at a time.
         self._lock = threading.Lock()
 
@@ -141,7 +146,9 @@ class EventLog:
 
     def close(self) -> None:
         with self._lock:
-            self._file.close()
+            if not self._closed:
+                self._closed = True
+                self._file.close()
 
     def iteration_started(
         self,
@@ -243,10 +250,9 @@ class EventLog:
         }
         line = json.dumps(_finite(record), allow_nan=False) + "\n"
         with self._lock:
-            if self._file.closed:
+            if self._closed:
                 raise IterflowError(f"event log '{self.path}' is closed; open a new EventLog")
-            self._file.write(line)
-            self._file.flush()
+            self._file.append(line.encode("utf-8"))
 
 
 def _parents(events: Sequence[Mapping[str, Any]]) -> dict[Any, Any]:
@@ -349,18 +355,19 @@ def nested_round_ends(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, 
 
 
 def read_events(path: str | os.PathLike[str], run_id: str | None = None) -> list[dict[str, Any]]:
-    """The events of one run in the event log ``path``, and of the runs nested in it (run
+    """The events of one run in the event log ``path`` (a path or a URI, as ``event_log=``
+    takes), and of the runs nested in it (run
     by its body or listeners, whose lines name it as ``parent_run_id``), in file order.
 
     With ``run_id`` None, the run of the last ``iteration_started`` line that is not
     nested in another; otherwise the run ``run_id``.
     """
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_bytes(path, "event log").decode("utf-8")
     except OSError as error:
         raise IterflowValueError(
-            f"cannot read event log '{path}': {error.strerror}; pass the file given as "
-            "event_log= to run()"
+            f"cannot read event log '{os.fspath(path)}': {error.strerror or error}; pass the "
+            "file given as event_log= to run()"
         ) from None
     lines = text.splitlines()
     if lines and not text.endswith("\n"):

@@ -47,6 +47,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from iterflow.durations import duration_us
 from iterflow.errors import IterflowTypeError, IterflowValueError
 from iterflow.runtime.round.materialize import Materialized, observe_rows
 from iterflow.runtime.round.materialize import unique_observation as _observation
@@ -59,7 +60,6 @@ from iterflow.windows import (
     SessionWindows,
     SlidingWindows,
     WindowFn,
-    duration_us,
 )
 
 # Columns iterflow adds to a step's rows while it works on them.

@@ -18,6 +18,7 @@ from iterflow.builder import (
     check_progress_option,
     keep_history_option,
 )
+from iterflow.durations import duration_us, spark_interval
 from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
 from iterflow.runtime.checkpoint.output_sinks import Sink, check_discarding
 from iterflow.runtime.checkpoint.writer import Checkpointing, CheckpointOptions
@@ -32,7 +33,6 @@ from iterflow.unbounded.event_time import WATERMARK_POLICY_CONF, EventTime, wate
 from iterflow.unbounded.inputs import combined
 from iterflow.unbounded.query import UnboundedQuery
 from iterflow.unbounded.rewind import check_offset_log, check_replayable, rewind
-from iterflow.windows import duration_us
 
 #: Under ``checkpoint_location``: Spark's own streaming checkpoint, and iterflow's epoch log.
 STREAM_DIR = "stream"
@@ -98,7 +98,7 @@ class UnboundedIteration(IterationBuilder):
         *,
         checkpoint_location: str | os.PathLike[str] | None = None,
         available_now: bool = False,
-        processing_time: str | None = None,
+        processing_time: Any = None,
         max_rows_per_epoch: int | None = None,
         max_feedback_rows: int = 0,
         max_epochs_per_batch: int = 100,
@@ -116,7 +116,8 @@ class UnboundedIteration(IterationBuilder):
         iterflow's epoch log: ``start()`` again with the same location resumes
         exactly where the last commit left off. ``available_now=True`` reads what
         the inputs hold at start and ends once it and all work feedback are
-        processed; ``processing_time="10 seconds"`` starts a micro-batch at that
+        processed; ``processing_time="10 seconds"`` (a duration: also ``10``, ``"10s"``,
+        a ``timedelta``; see docs/unbounded.md, "Durations") starts a micro-batch at that
         interval; without either, micro-batches run back to back until ``stop()``.
 
         New input is taken only while at most ``max_feedback_rows`` work feedback
@@ -143,6 +144,7 @@ class UnboundedIteration(IterationBuilder):
         log grow".
         """
         location = _check_start(checkpoint_location, available_now, processing_time, progress)
+        trigger_us = None if processing_time is None else _processing_time_us(processing_time)
         interval = _commit_interval(commit_interval_s)
         active, inputs = self._bound_inputs(spark)
         limits = (max_rows_per_epoch, max_feedback_rows, max_epochs_per_batch)
@@ -166,7 +168,7 @@ class UnboundedIteration(IterationBuilder):
             loop,
             inputs,
             location,
-            partial(_triggered, available_now=available_now, processing_time=processing_time),
+            partial(_triggered, available_now=available_now, processing_time_us=trigger_us),
             available_now=available_now,
         )
 
@@ -301,18 +303,24 @@ def _started(
     )
 
 
-def _triggered(writer: Any, *, available_now: bool, processing_time: str | None) -> Any:
+def _triggered(writer: Any, *, available_now: bool, processing_time_us: int | None) -> Any:
     if available_now:
         return writer.trigger(availableNow=True)
-    if processing_time is not None:
-        return writer.trigger(processingTime=processing_time)
+    if processing_time_us is not None:
+        return writer.trigger(processingTime=spark_interval(processing_time_us))
     return writer
+
+
+def _processing_time_us(value: Any) -> int:
+    """``start(processing_time=)`` in microseconds; zero (Spark's "as fast as possible")
+    is allowed, as Spark allows it."""
+    return duration_us(value, "start(processing_time=)", zero=True)
 
 
 def _check_start(
     checkpoint_location: str | os.PathLike[str] | None,
     available_now: bool,
-    processing_time: str | None,
+    processing_time: Any,
     progress: bool | None,
 ) -> str:
     """``start()``'s location, trigger and progress option, checked: the location without
@@ -326,7 +334,7 @@ def _check_start(
         )
     if available_now and processing_time is not None:
         raise IterflowValueError(
-            f"start(available_now=True, processing_time='{processing_time}'): choose one trigger"
+            f"start(available_now=True, processing_time={processing_time!r}): choose one trigger"
         )
     return os.fspath(checkpoint_location).rstrip("/")
 
@@ -372,7 +380,7 @@ def _check_stream_checkpoint(
     """The epoch log and Spark's own streaming checkpoint must agree: Spark's is rewound to
     the last commit when it is ahead (commits off the loop's path); sinks drop what a
     crashed attempt wrote after the last commit."""
-    stream_files, stream_root = files_for(spark, f"{location}/{STREAM_DIR}")
+    stream_files, stream_root = files_for(spark, f"{location}/{STREAM_DIR}", "checkpoint_location")
     stream_started = bool(stream_files.children(f"{stream_root}/offsets"))
     if loop.batch_id >= 0 and not stream_started:
         raise IterflowValueError(

@@ -32,9 +32,9 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from iterflow.durations import duration_us
 from iterflow.errors import CheckpointInUseError, IterflowError, IterflowValueError
-from iterflow.runtime.spark.files import Files
-from iterflow.windows import duration_us
+from iterflow.storage import Files
 
 LEASE = "_LEASE"
 TIMEOUT_CONF = "spark.iterflow.checkpoint.leaseTimeout"
@@ -52,14 +52,11 @@ _HELD: set[str] = set()
 
 def lease_timeout_s(spark: SparkSession) -> float:
     """``spark.iterflow.checkpoint.leaseTimeout``: seconds (``"90"``) or a duration
-    (``"2 min"``, ``"90s"``), more than zero."""
+    (``"2 min"``, ``"90s"``; see ``iterflow.durations``), more than zero."""
     value = spark.conf.get(TIMEOUT_CONF, None)
     if value is None:
         return DEFAULT_TIMEOUT_S
-    try:
-        return float(value)
-    except ValueError:
-        return duration_us(value, TIMEOUT_CONF) / 1e6
+    return duration_us(value, TIMEOUT_CONF) / 1e6
 
 
 class Lease:

@@ -12,8 +12,10 @@ copy) and hands the kernel a ``pyarrow.Table``.
 The files live in ``spark.iterflow.columnar.dir`` (default: a temporary folder on
 the driver, which suits ``local`` and ``local-cluster`` masters). On a cluster
 of several machines it must be storage every executor can read: a shared mount,
-or a URI that ``pyarrow.fs`` opens (``s3://``, ``gs://``, ``hdfs://``...). A
-task that cannot find its file fails with an error saying so.
+or a URI that ``pyarrow.fs`` opens (``s3://``, ``gs://``, ``hdfs://``, ``abfss://``...):
+the Python tasks that read the files have no JVM, so a Hadoop-only scheme (``s3a://``)
+is refused with an error naming the scheme. A task that cannot find its file fails
+with an error saying so.
 
 ``map(..., combine=f)`` reduces the kernels' outputs with ``f`` in one place, in
 file order (so the result does not depend on which task finished first). Spark
@@ -43,6 +45,7 @@ from pyspark.sql.types import IntegerType, StructType
 from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
 from iterflow.runtime.spark.jvm import semantic_hash, spark_context
 from iterflow.runtime.spark.schema import map_in_arrow
+from iterflow.storage import arrow_filesystem
 
 DIRECTORY_CONF = "spark.iterflow.columnar.dir"
 
@@ -61,9 +64,10 @@ _OPENED_LIMIT = 64
 
 
 def _filesystem(location: str) -> tuple[pafs.FileSystem | None, str]:
-    if "://" in location and not location.startswith("file://"):
-        return pafs.FileSystem.from_uri(location)
-    return None, location.removeprefix("file://")
+    """The ``pyarrow.fs`` file system and path of ``location`` (None: a local path, which
+    is memory-mapped). Python tasks open these files, where there is no JVM: pyarrow is
+    the storage layer's way to them (``iterflow.storage``)."""
+    return arrow_filesystem(location, DIRECTORY_CONF)
 
 
 def _open(location: str) -> pa.Table:

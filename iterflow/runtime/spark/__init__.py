@@ -2,4 +2,5 @@
 ``is_classic(session)`` for Spark Connect), ``session`` (finding or starting a session),
 ``schema`` (column names and types) and ``files`` (files on any Hadoop file system).
 
-A leaf of the runtime: imports iterflow's errors only."""
+A leaf of the runtime: imports iterflow's errors and its storage layer (``files`` hands
+Hadoop's FileSystem to ``iterflow.storage``) only."""

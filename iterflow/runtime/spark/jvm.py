@@ -158,10 +158,19 @@ class HadoopFiles:
     manifest, driver state and commit marker, listing and deleting epochs.
     """
 
-    def __init__(self, spark: SparkSession) -> None:
-        context: Any = spark.sparkContext
+    def __init__(self, spark: SparkSession | SparkContext) -> None:
+        context: Any = spark if isinstance(spark, SparkContext) else spark.sparkContext
         self._jvm = context._jvm
         self._conf = context._jsc.hadoopConfiguration()
+
+    def knows(self, scheme: str) -> bool:
+        """Whether Hadoop has a file system for ``scheme`` (its connector is on the class
+        path, or a ``spark.hadoop.fs.<scheme>.impl`` setting names one)."""
+        try:
+            self._jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(scheme, self._conf)
+        except Exception:
+            return False
+        return True
 
     def _path(self, path: str) -> Any:
         return self._jvm.org.apache.hadoop.fs.Path(path)
@@ -233,6 +242,21 @@ class HadoopFiles:
     def delete(self, path: str) -> None:
         self._fs(path).delete(self._path(path), True)
 
+    def rename(self, source: str, target: str) -> None:
+        if not self._fs(source).rename(self._path(source), self._path(target)):
+            raise OSError(f"could not rename {source} to {target}")
+
+    def append_stream(self, path: str) -> _HadoopStream | None:
+        """``path`` open for appending (created when missing), or None where the file
+        system cannot append (S3A, and Hadoop's checksummed local file system)."""
+        fs, target = self._fs(path), self._path(path)
+        if not fs.hasPathCapability(target, "fs.capability.paths.append"):
+            return None
+        if fs.exists(target):
+            return _HadoopStream(fs.append(target))
+        fs.mkdirs(target.getParent())
+        return _HadoopStream(fs.create(target, False))
+
     def glob(self, pattern: str) -> list[tuple[str, bool]]:
         """The URI and whether it is a directory of each path ``pattern`` matches (Hadoop's
         glob syntax, as Spark expands a path it reads)."""
@@ -245,6 +269,28 @@ class HadoopFiles:
             str(s.getPath().toUri().toString()): int(s.getModificationTime())
             for s in jvm_iterate(self._fs(path).listFiles(self._path(path), True))
         }
+
+
+class _HadoopStream:
+    """A Hadoop output stream as ``iterflow.storage.AppendStream``: ``flush`` is ``hflush``
+    (what is written is visible to readers, and survives this process)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, data: bytes) -> None:
+        self._stream.write(bytearray(data))
+
+    def flush(self) -> None:
+        self._stream.hflush()
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+def active_context() -> SparkContext | None:
+    """The SparkContext running in this process (a classic session's), or None."""
+    return SparkContext._active_spark_context
 
 
 def jvm_iterate(iterator: Any) -> Iterator[Any]:
