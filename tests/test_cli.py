@@ -231,6 +231,19 @@ def test_an_unexpected_error_is_one_line_with_a_hint_and_traceback_shows_it(
         assert "RuntimeError: the disk said no" in err and "some.java.Frame" in err
 
 
+def test_an_iterflow_error_of_several_lines_shows_its_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(path: object, run_id: object = None) -> list[dict[str, Any]]:
+        raise itf.IterflowValueError("the log is odd\n  line 3: not an event")
+
+    monkeypatch.setattr(itf.progress, "read_events", broken)
+    assert main(["report", str(tmp_path / "run.jsonl")]) == 3
+    assert one_line_error(capsys) == (
+        "iterflow report: error: the log is odd (--traceback shows all of it)"
+    )
+
+
 def test_an_interrupt_exits_130(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
