@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import traceback
@@ -333,8 +334,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_converge(args: argparse.Namespace) -> int:
-    import os
-
     from iterflow.testing import (
         format_table,
         load_cases,
@@ -587,6 +586,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{args.prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader stopped reading (`| head`): what it wanted it has; nothing to report.
+        # Standard output goes nowhere from now on, so that exiting does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except Exception as error:
         return _error(args, error)
 

@@ -255,6 +255,27 @@ def test_an_interrupt_exits_130(
     assert one_line_error(capsys) == "iterflow report: interrupted"
 
 
+def test_a_reader_that_stops_reading_ends_the_report_quietly(tmp_path: Path) -> None:
+    """``iterflow report LOG --format json | head -1``: exit 0, nothing on stderr."""
+    rounds = [round_end("r1", epoch, 0.5**epoch) for epoch in range(2000)]
+    log = write_log(tmp_path / "run.jsonl", [started("r1"), *rounds, terminated("r1", 1999)])
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    report = subprocess.Popen(
+        [sys.executable, "-m", "iterflow.cli", "report", str(log), "--format", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert report.stdout is not None and report.stderr is not None
+    assert report.stdout.readline() == b"{\n"
+    report.stdout.close()  # as `head -1` does
+    assert report.wait(timeout=120) == 0
+    assert report.stderr.read() == b""
+
+
 def test_the_process_exits_with_the_code(tmp_path: Path) -> None:
     """Through ``python -m iterflow.cli``, as the ``iterflow`` script runs ``main``."""
     env = {
