@@ -1,15 +1,43 @@
 """The ``iterflow`` command: ``demo pagerank|kmeans|online-kmeans``, ``report``, ``plot``,
-``converge``."""
+``converge``.
+
+Every command ends with one of the exit codes below (``iterflow --help`` lists them): a
+script can tell a failed check from a mistyped command and from an error while running.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+import traceback
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import iterflow as itf
+
+#: The command did what it was asked.
+EXIT_OK = 0
+#: A check failed: a case of ``iterflow converge``, or a demo that did not get its result.
+EXIT_FAILED = 1
+#: The command line is wrong (argparse's own code): an unknown command or option, a bad value.
+EXIT_USAGE = 2
+#: An error while running: one line on stderr, the traceback with ``--traceback``.
+EXIT_ERROR = 3
+#: Interrupted (Ctrl-C), as shells report a SIGINT.
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES = f"""exit codes:
+  {EXIT_OK}    done
+  {EXIT_FAILED}    a check failed: a case of `iterflow converge` (or a demo missed its result)
+  {EXIT_USAGE}    usage: an unknown command or option, a missing or bad value
+  {EXIT_ERROR}    an error while running: an unreadable event log, an unwritable file, an
+       unknown case or module, a failed Spark job; one line on stderr, the whole
+       traceback with --traceback
+  {EXIT_INTERRUPTED}  interrupted (Ctrl-C)
+"""
 
 
 def _positive(value: str) -> int:
@@ -31,6 +59,17 @@ def _fraction(value: str) -> float:
     if not 0 <= number <= 1:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value}")
     return number
+
+
+def _add_traceback_argument(command: argparse.ArgumentParser) -> None:
+    """``--traceback``, before or after the command's name (suppressed defaults: a command's
+    own parser does not undo the flag given to ``iterflow`` itself)."""
+    command.add_argument(
+        "--traceback",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="on an error, print its traceback instead of one line",
+    )
 
 
 def _add_log_arguments(command: argparse.ArgumentParser) -> None:
@@ -100,7 +139,8 @@ def _add_demo_arguments(command: argparse.ArgumentParser, run: Callable[..., int
     command.add_argument(
         "--event-log", metavar="PATH", default=None, help="append the run's events (JSON lines)"
     )
-    command.set_defaults(run=run)
+    _add_traceback_argument(command)
+    command.set_defaults(run=run, prog=command.prog)
 
 
 def _add_demo_pagerank(demos: _Commands) -> None:
@@ -117,8 +157,15 @@ def _add_demo_pagerank(demos: _Commands) -> None:
     stop = pagerank.add_mutually_exclusive_group()
     stop.add_argument("--tol", type=float, default=1e-8, help="L1 tolerance (default 1e-8)")
     stop.add_argument("--rounds", type=_positive, default=None, help="fixed number of rounds")
-    pagerank.add_argument("--max-rounds", type=_positive, default=100)
-    pagerank.add_argument("--seed", type=int, default=1)
+    pagerank.add_argument(
+        "--max-rounds",
+        type=_positive,
+        default=100,
+        help="stop after this many rounds if not converged (default 100)",
+    )
+    pagerank.add_argument(
+        "--seed", type=int, default=1, help="seed of the random graph (default 1)"
+    )
     pagerank.add_argument("--top", type=_positive, default=10, help="how many vertices to print")
     _add_demo_arguments(pagerank, run_pagerank_demo)
 
@@ -135,8 +182,18 @@ def _add_demo_kmeans(demos: _Commands) -> None:
     batch.add_argument("--k", type=_positive, default=5, help="number of clusters")
     batch.add_argument("--dims", type=_positive, default=4, help="dimensions")
     batch.add_argument("--tol", type=float, default=1e-6, help="largest centroid move to stop at")
-    batch.add_argument("--max-rounds", type=_positive, default=50)
-    batch.add_argument("--seed", type=int, default=1)
+    batch.add_argument(
+        "--max-rounds",
+        type=_positive,
+        default=50,
+        help="stop after this many rounds if not converged (default 50)",
+    )
+    batch.add_argument(
+        "--seed",
+        type=int,
+        default=1,
+        help="seed of the points and the initial centroids (default 1)",
+    )
     _add_demo_arguments(batch, run_kmeans_demo)
 
 
@@ -164,7 +221,9 @@ def _add_demo_online_kmeans(demos: _Commands) -> None:
         metavar="SECONDS",
         help="pause between two files (default 0.2)",
     )
-    kmeans.add_argument("--seed", type=int, default=1)
+    kmeans.add_argument(
+        "--seed", type=int, default=1, help="seed of the centers and points (default 1)"
+    )
     _add_demo_arguments(kmeans, run_online_kmeans_demo)
 
 
@@ -173,10 +232,19 @@ def _add_report(commands: _Commands) -> None:
         "report",
         help="print a table of the rounds of a run from its event log",
         description="Print one line per round (time, row counts, convergence value, estimates, "
-        "user metrics) and a summary of one run recorded in an event log.",
+        "user metrics) and a summary of one run recorded in an event log; or, with --format "
+        "json, the same as one JSON document.",
     )
     _add_log_arguments(report)
-    report.set_defaults(run=run_report)
+    report.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text: a table and a summary (default); json: one document, "
+        '{"run_id", "iteration", "rounds": [one object per round], "termination", ...}',
+    )
+    _add_traceback_argument(report)
+    report.set_defaults(run=run_report, prog=report.prog)
 
 
 def _add_plot(commands: _Commands) -> None:
@@ -202,7 +270,8 @@ def _add_plot(commands: _Commands) -> None:
         "rounds_remaining_estimate, rows.NAME, observed.NAME or a user metric's name",
     )
     plot.add_argument("--log-y", action="store_true", help="logarithmic y axis")
-    plot.set_defaults(run=run_plot)
+    _add_traceback_argument(plot)
+    plot.set_defaults(run=run_plot, prog=plot.prog)
 
 
 def _add_converge(commands: _Commands) -> None:
@@ -211,7 +280,7 @@ def _add_converge(commands: _Commands) -> None:
         help="run convergence cases against their reference answers",
         description="Run convergence cases (the built-in ones, or those of the given modules), "
         "print a table (case, rounds, termination, final error vs reference, observed rate, "
-        "seconds) and exit non-zero when a case fails.",
+        f"seconds); exit {EXIT_FAILED} when a case fails.",
     )
     converge.add_argument(
         "modules",
@@ -231,17 +300,30 @@ def _add_converge(commands: _Commands) -> None:
     converge.add_argument(
         "--master", default=None, help="Spark master (default: the configured one, or local[*])"
     )
-    converge.set_defaults(run=run_converge)
+    _add_traceback_argument(converge)
+    converge.set_defaults(run=run_converge, prog=converge.prog)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="iterflow", description="Bounded and unbounded iterations on Apache Spark."
+        prog="iterflow",
+        description="Bounded and unbounded iterations on Apache Spark.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the table of exit codes
     )
     parser.add_argument("--version", action="version", version=f"iterflow {itf.__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="run a demonstration job")
-    demos = demo.add_subparsers(dest="demo", required=True)
+    _add_traceback_argument(parser)
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help="what to do (COMMAND -h: its help)"
+    )
+    demo = commands.add_parser(
+        "demo",
+        help="run a demonstration job",
+        description="Run a demonstration job on generated data.",
+    )
+    demos = demo.add_subparsers(
+        dest="demo", required=True, metavar="DEMO", help="which demonstration to run"
+    )
     _add_demo_pagerank(demos)
     _add_demo_kmeans(demos)
     _add_demo_online_kmeans(demos)
@@ -252,8 +334,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_converge(args: argparse.Namespace) -> int:
-    import os
-
     from iterflow.testing import (
         format_table,
         load_cases,
@@ -270,7 +350,7 @@ def run_converge(args: argparse.Namespace) -> int:
     if args.list:
         for case in cases:
             print(f"{case.name}: {case.description}" if case.description else case.name)
-        return 0
+        return EXIT_OK
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Inside a process that has a session already (a test), use it as it is.
     spark = itf.session(
@@ -292,7 +372,7 @@ def run_converge(args: argparse.Namespace) -> int:
     if args.plot:
         plot_reports(reports).savefig(args.plot)
         print(f"plot: {args.plot}")
-    return 0 if all(r.passed for r in reports) else 1
+    return EXIT_OK if all(r.passed for r in reports) else EXIT_FAILED
 
 
 def run_pagerank_demo(args: argparse.Namespace) -> int:
@@ -341,7 +421,7 @@ def run_pagerank_demo(args: argparse.Namespace) -> int:
         print(f"event log: {args.event_log} (try: iterflow report {args.event_log})")
     result.release()
     edges.unpersist()
-    return 0
+    return EXIT_OK
 
 
 def run_kmeans_demo(args: argparse.Namespace) -> int:
@@ -386,7 +466,7 @@ def run_kmeans_demo(args: argparse.Namespace) -> int:
     if args.event_log:
         print(f"event log: {args.event_log} (try: iterflow plot {args.event_log} --metric loss)")
     df.unpersist()
-    return 0
+    return EXIT_OK
 
 
 def run_online_kmeans_demo(args: argparse.Namespace) -> int:
@@ -426,13 +506,61 @@ def run_online_kmeans_demo(args: argparse.Namespace) -> int:
             "points were consumed before the time limit",
             file=sys.stderr,
         )
-        return 1
-    return 0
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 def run_report(args: argparse.Namespace) -> int:
-    print(itf.progress.format_report(itf.progress.read_events(args.log, args.run_id)), end="")
-    return 0
+    events = itf.progress.read_events(args.log, args.run_id)
+    if args.format == "json":
+        print(json.dumps(report_document(events), indent=2))
+    else:
+        print(itf.progress.format_report(events), end="")
+    return EXIT_OK
+
+
+def report_document(events: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What ``iterflow report --format json`` prints: the run, its rounds (the rows of the
+    text table, each under the names ``iterflow plot --metric`` takes) and how it ended.
+
+    ``termination`` is set when the run stopped on its conditions, ``failure`` when it
+    failed; both are null while it runs (or after its process died).
+    """
+    run = itf.progress.main_run(events)
+    started = next(
+        (e for e in events if e["event"] == "iteration_started" and e.get("run_id") == run), {}
+    )
+    end = itf.progress.final_event(events) or {}
+    failed = end.get("event") == "iteration_failed"
+    return {
+        "run_id": run,
+        "iteration": started.get("iteration"),
+        "iterflow_version": started.get("iterflow_version"),
+        "rounds": [_report_round(e) for _, e in itf.progress.ordered_rounds(events)],
+        "termination": end.get("termination"),
+        "failure": {k: end.get(k) for k in ("epoch", "error_type", "error")} if failed else None,
+        "duration_s": end.get("duration_s"),
+        "metrics": end.get("metrics") or {},
+        "rollbacks": [
+            {k: v for k, v in e.items() if k not in ("event", "run_id")}
+            for e in events
+            if e["event"] == "rolled_back" and e.get("run_id") == run
+        ],
+    }
+
+
+def _report_round(event: Mapping[str, Any]) -> dict[str, Any]:
+    """One round of the report: where it stands (a nested run's round has a longer
+    ``epoch_path``), then its values; a user metric named like those is hidden by them."""
+    row: dict[str, Any] = {
+        "epoch": event.get("epoch"),
+        "epoch_path": list(event.get("epoch_path") or [event.get("epoch")]),
+        "run_id": event.get("run_id"),
+        "time": event.get("time"),
+    }
+    for name, value in itf.progress.round_values(event).items():
+        row.setdefault(name, value)
+    return row
 
 
 def run_plot(args: argparse.Namespace) -> int:
@@ -446,17 +574,43 @@ def run_plot(args: argparse.Namespace) -> int:
             "pick a writable path ending in .png, .svg or .pdf with -o"
         ) from None
     print(args.output)
-    return 0
+    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command in ``argv``; an iterflow error prints one line and exits with 2."""
+    """Run the command in ``argv`` and return its exit code (:data:`EXIT_CODES`); a wrong
+    command line exits through argparse (``SystemExit(2)``)."""
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args))
-    except itf.IterflowError as error:
-        print(f"iterflow {args.command}: error: {error}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print(f"{args.prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader stopped reading (`| head`): what it wanted it has; nothing to report.
+        # Standard output goes nowhere from now on, so that exiting does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    except Exception as error:
+        return _error(args, error)
+
+
+def _error(args: argparse.Namespace, error: Exception) -> int:
+    """Report ``error`` in one line on stderr (its whole traceback with ``--traceback``)."""
+    if getattr(args, "traceback", False):
+        traceback.print_exc()
+        return EXIT_ERROR
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    message = lines[0] if lines else ""
+    hint = ""
+    if not isinstance(error, itf.IterflowError):
+        # Not an error iterflow foresaw: name its type, and where to see more.
+        message = f"{type(error).__name__}: {message}".rstrip(": ")
+        hint = " (run again with --traceback to see where it came from)"
+    elif len(lines) > 1:
+        hint = " (--traceback shows all of it)"
+    print(f"{args.prog}: error: {message}{hint}", file=sys.stderr)
+    return EXIT_ERROR
 
 
 if __name__ == "__main__":

@@ -358,14 +358,14 @@ def test_cli_plot_saves_a_png_and_prints_its_path(
     assert image.read_bytes().startswith(b"\x89PNG")
 
 
-def test_cli_errors_print_one_line_and_exit_2(
+def test_cli_errors_print_one_line_and_exit_3(
     tmp_path: Path, log_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["report", str(tmp_path / "missing.jsonl")]) == 2
+    assert main(["report", str(tmp_path / "missing.jsonl")]) == 3
     err = capsys.readouterr().err
     assert err.startswith("iterflow report: error: cannot read event log")
     assert err.count("\n") == 1 and "Traceback" not in err
-    assert main(["plot", str(log_path), "-o", str(tmp_path / "x.png"), "--metric", "nope"]) == 2
+    assert main(["plot", str(log_path), "-o", str(tmp_path / "x.png"), "--metric", "nope"]) == 3
     assert "'nope'" in capsys.readouterr().err
     assert not (tmp_path / "x.png").exists()
 

@@ -36,13 +36,14 @@ def test_the_wheel_holds_the_package_and_its_entry_points_only(dist: Path) -> No
     assert sdist.stat().st_size > 0
     names = zipfile.ZipFile(wheel).namelist()
     top = {name.split("/", 1)[0] for name in names}
-    assert top == {"iterflow", next(t for t in top if t.endswith(".dist-info"))}
+    # The pytest plugin is a module of its own, so that pytest starts without importing iterflow.
+    info = next(t for t in top if t.endswith(".dist-info"))
+    assert top == {"iterflow", "_iterflow_pytestplugin.py", info}
     assert "iterflow/py.typed" in names and "iterflow/testing/plugin.py" in names
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "examples/"))]
-    info = next(t for t in top if t.endswith(".dist-info"))
     entry_points = zipfile.ZipFile(wheel).read(f"{info}/entry_points.txt").decode()
     assert "iterflow = iterflow.cli:main" in entry_points
-    assert "[pytest11]" in entry_points and "iterflow.testing.plugin" in entry_points
+    assert "[pytest11]" in entry_points and "iterflow = _iterflow_pytestplugin" in entry_points
     metadata = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
     for extra in ("connect", "graphframes", "mlflow", "plot", "prometheus", "testing"):
         assert f"Provides-Extra: {extra}" in metadata

@@ -224,9 +224,9 @@ def test_iterflow_converge_runs_the_built_in_cases_and_names_a_broken_one(
 
     assert main(["converge", "--list"]) == 0
     assert "kmeans: k-means" in capsys.readouterr().out
-    assert main(["converge", "--case", "nope"]) == 2
+    assert main(["converge", "--case", "nope"]) == 3
     assert "no case named ['nope']" in capsys.readouterr().err
-    assert main(["converge", "no_such_module_here"]) == 2
+    assert main(["converge", "no_such_module_here"]) == 3
 
 
 def test_the_plugin_works_in_a_fresh_project(tmp_path: Path) -> None:

@@ -7,8 +7,10 @@
 - :class:`ConvergenceCase` and :func:`run_cases`, which ``iterflow converge`` runs, with
   :func:`load_cases`, :func:`select`, :func:`format_table`, :func:`write_report` and
   :func:`plot_reports` for its table, JSON report and plot.
-- The pytest plugin (``iterflow.testing.plugin``, registered on install): a
-  session-scoped ``spark`` fixture and the ``spark`` and ``slow_spark`` markers.
+- The pytest plugin, registered on install and kept outside this package (the module
+  ``_iterflow_pytestplugin``) so that pytest starts without importing iterflow: a
+  session-scoped ``iterflow_spark`` fixture and the ``iterflow_spark``, ``iterflow_slow``
+  and ``iterflow_classic`` markers (iterflow 0.1's names are aliases for one release).
 
 See docs/testing.md.
 """
