@@ -7,6 +7,8 @@
 #   bash run.sh test --cluster [args]     the cluster tier (marked cluster): local-cluster,
 #                                         a secured standalone cluster, spark-submit; slow ones too
 #   bash run.sh test-oldest [pytest args] the core tests on the oldest supported PySpark
+#   bash run.sh docs [mkdocs build args]  build the docs and API reference strictly (a broken
+#                                         link or reference fails) into a temporary folder
 # The first call creates .venv and installs iterflow with its test tools into it.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -89,8 +91,13 @@ case "$command" in
       run_pytest "$oldest" "${oldest_tests[@]}"
     fi
     ;;
+  docs)
+    site=$(mktemp -d)
+    trap 'rm -rf "$site"' EXIT
+    "$venv/bin/mkdocs" build --strict --site-dir "$site" "$@"
+    ;;
   *)
-    echo "usage: bash run.sh demo pagerank|online-kmeans [options] | bash run.sh test|test-oldest [pytest args]" >&2
+    echo "usage: bash run.sh demo pagerank|online-kmeans [options] | bash run.sh test|test-oldest [pytest args] | bash run.sh docs" >&2
     exit 2
     ;;
 esac
