@@ -8,7 +8,8 @@
 #                                         a secured standalone cluster, spark-submit; slow ones too
 #   bash run.sh test-oldest [pytest args] the core tests on the oldest supported PySpark
 #   bash run.sh docs [mkdocs build args]  build the docs and API reference strictly (a broken
-#                                         link or reference fails) into a temporary folder
+#                                         link or reference fails) into a temporary folder;
+#                                         --site-dir DIR keeps the site
 # The first call creates .venv and installs iterflow with its test tools into it.
 set -euo pipefail
 cd "$(dirname "$0")"
