@@ -43,3 +43,9 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         return f"{text} (`{path.relative_to(ROOT)}`)"
 
     return LINK.sub(outside, markdown)
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    """Docstrings introduce their code blocks reST's way (``Example::``); the rendered
+    page shows one colon."""
+    return html.replace("::</p>", ":</p>")
