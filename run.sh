@@ -21,6 +21,9 @@ oldest_pyspark=4.0.0
 oldest_tests=(tests/test_bounded_semantics.py tests/test_termination.py tests/test_lineage.py
   tests/test_errors.py tests/test_pagerank.py tests/test_checkpoints.py tests/test_columnar.py
   tests/test_connect.py tests/test_ml_kmeans.py tests/test_resident.py
+  # assert_frame_close stands on pyspark.testing.assertDataFrameEqual(rtol=, atol=)
+  tests/test_testing.py::test_frame_close_takes_each_kind_of_expected_and_names_key_differences
+  tests/test_testing.py::test_frame_close_compares_maps_and_structs_within_the_tolerances
   # the whole semantics suite again on Spark Connect runs on the newest PySpark only
   --deselect tests/test_connect.py::test_the_core_semantics_tests_pass_on_a_connect_session)
 

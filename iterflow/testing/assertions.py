@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -229,19 +230,24 @@ def _differing(actual: pd.DataFrame, expected: pd.DataFrame, atol: float, rtol: 
     """Per row (the frames hold the same keys in the same order): does it differ beyond
     ``atol + rtol * |expected|``, as ``pyspark.testing.assertDataFrameEqual`` decides."""
     mine, theirs = _rows(actual), _rows(expected)
-    try:  # the common case, every row close, in one call
-        assertDataFrameEqual(mine, theirs, checkRowOrder=True, rtol=rtol, atol=atol)
-        return np.zeros(len(mine), dtype=bool)
+    with warnings.catch_warnings():
+        # PySpark 4.0 imports pandas-on-Spark here, which warns about a setting it needs
+        # for its own frames only.
+        warnings.filterwarnings("ignore", message=".*PYARROW_IGNORE_TIMEZONE")
+        if _same_rows(mine, theirs, atol, rtol):  # the common case, in one call
+            return np.zeros(len(mine), dtype=bool)
+        return np.array(
+            [not _same_rows([a], [e], atol, rtol) for a, e in zip(mine, theirs, strict=True)],
+            dtype=bool,
+        )
+
+
+def _same_rows(actual: list[Row], expected: list[Row], atol: float, rtol: float) -> bool:
+    try:
+        assertDataFrameEqual(actual, expected, checkRowOrder=True, rtol=rtol, atol=atol)
     except PySparkAssertionError:
-        pass
-    differ = []
-    for a, e in zip(mine, theirs, strict=True):
-        try:
-            assertDataFrameEqual([a], [e], checkRowOrder=True, rtol=rtol, atol=atol)
-            differ.append(False)
-        except PySparkAssertionError:
-            differ.append(True)
-    return np.array(differ, dtype=bool)
+        return False
+    return True
 
 
 def assert_frame_close(
