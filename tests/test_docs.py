@@ -140,10 +140,18 @@ def run_blocks(path: Path, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[d
     return RUNS[path.name]
 
 
+#: Pages whose blocks run many iterations (graph.md: every graph algorithm): slow tests.
+SLOW_PAGES = {"graph.md"}
+
+
 @pytest.mark.spark
 @pytest.mark.parametrize(
     "path",
-    [p for p in DOCS if any(not b.fragment for b in blocks(p))],
+    [
+        pytest.param(p, marks=[pytest.mark.slow_spark] if p.name in SLOW_PAGES else [])
+        for p in DOCS
+        if any(not b.fragment for b in blocks(p))
+    ],
     ids=lambda p: p.name,
 )
 def test_the_python_blocks_of_a_page_run(
