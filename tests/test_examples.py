@@ -90,10 +90,10 @@ def test_logistic_regression_example_recovers_the_coefficients(
 ) -> None:
     scope = run_example("logistic_regression.py", monkeypatch, "4000")
     model, df = scope["model"], scope["df"]
-    # The same loss minimised by scikit-learn's reference solver would do; the signs and
-    # rough sizes of the true coefficients (1.5, -2.0, 0.5; intercept 0.5) are enough here.
+    # 4000 noisy labels: the fit lands near the true coefficients; the signs and
+    # rough sizes of the true coefficients (1.5, -2.0, 0.5; intercept -0.5) are enough here.
     assert np.allclose(model.coefficients, [1.5, -2.0, 0.5], atol=0.3)
-    assert abs(model.intercept - 0.5) < 0.3
+    assert abs(model.intercept + 0.5) < 0.3
     losses = [p.metrics["loss"] for p in model.history]
     assert losses[-1] < losses[0]
     accuracy = (
