@@ -7,6 +7,9 @@
 #   bash run.sh test --cluster [args]     the cluster tier (marked cluster): local-cluster,
 #                                         a secured standalone cluster, spark-submit; slow ones too
 #   bash run.sh test-oldest [pytest args] the core tests on the oldest supported PySpark
+#   bash run.sh docs [mkdocs build args]  build the docs and API reference strictly (a broken
+#                                         link or reference fails) into a temporary folder;
+#                                         --site-dir DIR keeps the site
 # The first call creates .venv and installs iterflow with its test tools into it.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -18,6 +21,9 @@ oldest_pyspark=4.0.0
 oldest_tests=(tests/test_bounded_semantics.py tests/test_termination.py tests/test_lineage.py
   tests/test_errors.py tests/test_pagerank.py tests/test_checkpoints.py tests/test_columnar.py
   tests/test_connect.py tests/test_ml_kmeans.py tests/test_resident.py
+  # assert_frame_close stands on pyspark.testing.assertDataFrameEqual(rtol=, atol=)
+  tests/test_testing.py::test_frame_close_takes_each_kind_of_expected_and_names_key_differences
+  tests/test_testing.py::test_frame_close_compares_maps_and_structs_within_the_tolerances
   # the whole semantics suite again on Spark Connect runs on the newest PySpark only
   --deselect tests/test_connect.py::test_the_core_semantics_tests_pass_on_a_connect_session)
 
@@ -89,8 +95,13 @@ case "$command" in
       run_pytest "$oldest" "${oldest_tests[@]}"
     fi
     ;;
+  docs)
+    site=$(mktemp -d)
+    trap 'rm -rf "$site"' EXIT
+    "$venv/bin/mkdocs" build --strict --site-dir "$site" "$@"
+    ;;
   *)
-    echo "usage: bash run.sh demo pagerank|online-kmeans [options] | bash run.sh test|test-oldest [pytest args]" >&2
+    echo "usage: bash run.sh demo pagerank|online-kmeans [options] | bash run.sh test|test-oldest [pytest args] | bash run.sh docs" >&2
     exit 2
     ;;
 esac

@@ -37,6 +37,7 @@ from iterflow.termination import Condition, converged, empty, max_rounds, until
 from iterflow.unbounded import FileSink, UnboundedIteration, UnboundedQuery
 from iterflow.windows import FixedWindows, SessionWindows, SlidingWindows, WindowFn
 
+# The one place the version is written: pyproject.toml reads it from here.
 __version__ = "0.1.0"
 
 # A library leaves logging to the application: records of the ``iterflow`` loggers go

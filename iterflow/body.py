@@ -67,6 +67,11 @@ class Declaration:
     the next round (the input is then a *variable*); ``outputs`` maps names to
     DataFrames leaving the iteration; ``until`` adds termination criteria.
     A feedback and an output may share a name only if they are the same object.
+
+    Example::
+
+        return itf.Declaration(feedback={"labels": best}, outputs={"labels": best},
+                               until=itf.empty(changed))
     """
 
     feedback: Mapping[str, DataFrame] = attrs.field(
@@ -286,7 +291,15 @@ class FunctionBody(IterationBody):
 
 
 def body(fn: Callable[..., Declaration]) -> IterationBody:
-    """Turn a function into an IterationBody; its parameters (but ``ctx``) are the inputs."""
+    """Turn a function into an IterationBody; its parameters (but ``ctx``) are the inputs.
+
+    Example::
+
+        @itf.body
+        def halve(x, ctx):  # one input, "x"; ctx is the round's RoundContext
+            smaller = x.selectExpr("v / 2 AS v")
+            return itf.Declaration(feedback={"x": smaller}, outputs={"x": smaller})
+    """
     if not callable(fn):
         raise IterflowTypeError(f"itf.body takes a function, got {type(fn).__name__}")
     return FunctionBody(fn)

@@ -31,7 +31,12 @@ REASONS: tuple[str, ...] = (
 
 
 class Condition:
-    """A termination condition; combine conditions with ``|`` (stop when any holds)."""
+    """A termination condition; combine conditions with ``|`` (stop when any holds).
+
+    Example::
+
+        iteration.until(itf.max_rounds(100) | itf.until(lambda p: p.duration_s > 60))
+    """
 
     def __or__(self, other: Condition) -> AnyOf:
         if not isinstance(other, Condition):
@@ -95,7 +100,12 @@ class Until(Condition):
 
 
 def max_rounds(n: int) -> MaxRounds:
-    """Stop after exactly ``n`` rounds (epochs 0..n-1)."""
+    """Stop after exactly ``n`` rounds (epochs 0..n-1).
+
+    Example::
+
+        itf.BoundedIteration(step).bind("x", df).until(itf.max_rounds(50)).run()
+    """
     if isinstance(n, bool) or not isinstance(n, int):
         raise IterflowTypeError(f"max_rounds takes an int, got {type(n).__name__} {n!r}")
     if n < 1:
@@ -106,7 +116,13 @@ def max_rounds(n: int) -> MaxRounds:
 
 
 def empty(criteria: Any) -> Empty:
-    """Stop after a round in which the criteria DataFrame ``criteria`` has no rows."""
+    """Stop after a round in which the criteria DataFrame ``criteria`` has no rows.
+
+    Example::
+
+        changed = best.join(labels, ["id", "label"], "left_anti")  # rows that moved
+        return itf.Declaration(feedback={"labels": best}, until=itf.empty(changed))
+    """
     _require_dataframe(criteria, "empty()")
     return Empty(criteria)
 
@@ -116,6 +132,11 @@ def converged(value: Any, tol: float) -> Converged:
 
     ``value`` is a one-row, one-column numeric DataFrame built in the body, or a
     callable ``(RoundEnd) -> float``. NaN or infinity raises ``DivergenceError``.
+
+    Example::
+
+        delta = new.join(old, "id").agg(F.sum(F.abs(new.rank - old.rank)))  # L1 change
+        return itf.Declaration(feedback={"ranks": new}, until=itf.converged(delta, tol=1e-8))
     """
     if not callable(value):
         _require_dataframe(value, "converged()")
@@ -125,7 +146,12 @@ def converged(value: Any, tol: float) -> Converged:
 
 
 def until(predicate: Callable[[RoundProgress], bool]) -> Until:
-    """Stop after a round for which ``predicate(RoundProgress)`` is true."""
+    """Stop after a round for which ``predicate(RoundProgress)`` is true.
+
+    Example::
+
+        stop = itf.max_rounds(100) | itf.until(lambda p: p.rows["frontier"] < 10)
+    """
     if not callable(predicate):
         raise IterflowTypeError(
             f"until() takes a callable (RoundProgress) -> bool, got {type(predicate).__name__}"

@@ -1,4 +1,5 @@
-"""The README's example and the guide's runnable examples give the right results."""
+"""Every script in examples/ runs, on small data, and gives the right results
+(examples/line_search.py runs in tests/test_nested.py; the docs' blocks in test_docs.py)."""
 
 from __future__ import annotations
 
@@ -26,60 +27,6 @@ def test_connected_components_example_matches_networkx(spark: SparkSession) -> N
     assert got == expected
     assert result.termination.reason == "criteria_empty"
     assert result.rounds == 3  # labels settle in round 1, round 2 changes nothing
-    result.release()
-
-
-GUIDE = EXAMPLES.parent / "docs" / "guide.md"
-
-
-def guide_example(section: str) -> str:
-    """The first Python block under the ``## section`` heading of docs/guide.md."""
-    text = GUIDE.read_text().split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
-    return text.split("```python\n", 1)[1].split("\n```", 1)[0]
-
-
-def numpy_em(x, weights, means, covs, rounds):
-    """Gaussian-mixture EM in numpy and scipy: the model after ``rounds`` steps, and the
-    log-likelihood under the model the last step started from."""
-    from scipy.stats import multivariate_normal
-
-    for _ in range(rounds):
-        joint = np.column_stack(
-            [
-                w * multivariate_normal(m, c).pdf(x)
-                for w, m, c in zip(weights, means, covs, strict=True)
-            ]
-        )
-        loglik = np.log(joint.sum(axis=1)).sum()
-        r = joint / joint.sum(axis=1, keepdims=True)
-        n = r.sum(axis=0)
-        means = (r.T @ x) / n[:, None]
-        covs = np.array(
-            [(r[:, k] * (x - means[k]).T) @ (x - means[k]) / n[k] for k in range(len(n))]
-        )
-        weights = n / n.sum()
-    return weights, means, covs, loglik
-
-
-def test_the_guides_gaussian_mixture_matches_numpy(spark: SparkSession) -> None:
-    code = guide_example("Custom aggregates: itf.combine")
-    scope: dict = {"__name__": "guide_example"}
-    exec(compile(code, f"{GUIDE}: Custom aggregates", "exec"), scope)
-    result, k, d = scope["result"], scope["K"], scope["D"]
-    start = scope["start"].collect()[0]
-    weights, means, covs, loglik = numpy_em(
-        scope["x"],
-        np.array(start["weights"]),
-        np.reshape(start["means"], (k, d)),
-        np.reshape(start["covs"], (k, d, d)),
-        result.rounds,
-    )
-    fitted = scope["fitted"]
-    assert result.rounds == 25
-    np.testing.assert_allclose(fitted["weights"], weights, rtol=1e-9)
-    np.testing.assert_allclose(np.reshape(fitted["means"], (k, d)), means, rtol=1e-9)
-    np.testing.assert_allclose(np.reshape(fitted["covs"], (k, d, d)), covs, rtol=1e-9, atol=1e-12)
-    assert fitted["loglik"] == pytest.approx(loglik, rel=1e-12)
     result.release()
 
 
@@ -115,3 +62,63 @@ def test_ml_pipeline_example_tunes_like_mllib(spark: SparkSession, monkeypatch) 
     np.testing.assert_allclose(
         best.stages[-1].coefficients.toArray(), theirs.coefficients.toArray(), atol=1e-3
     )
+
+
+def run_example(name: str, monkeypatch: pytest.MonkeyPatch, *argv: str) -> dict:
+    """Run ``examples/<name>`` as a script with ``argv`` (its small-data switch)."""
+    monkeypatch.setattr("sys.argv", [name, *argv])
+    return runpy.run_path(str(EXAMPLES / name), run_name="__main__")
+
+
+def test_every_example_has_a_test() -> None:
+    here = Path(__file__).read_text()
+    nested = (Path(__file__).parent / "iteration_kill_job.py").read_text()
+    for example in EXAMPLES.glob("*.py"):
+        assert f'"{example.name}"' in here or example.name in nested, example.name
+
+
+def test_kmeans_example_finds_the_four_centers(spark: SparkSession, monkeypatch) -> None:
+    scope = run_example("kmeans.py", monkeypatch, "2000")
+    model = scope["model"]
+    found = sorted(map(tuple, np.round(model.centroids)))
+    assert found == [(0.0, 0.0), (0.0, 8.0), (8.0, 0.0), (8.0, 8.0)]
+    assert model.termination.reason == "converged"
+
+
+def test_logistic_regression_example_recovers_the_coefficients(
+    spark: SparkSession, monkeypatch
+) -> None:
+    scope = run_example("logistic_regression.py", monkeypatch, "4000")
+    model, df = scope["model"], scope["df"]
+    # 4000 noisy labels: the fit lands near the true coefficients; the signs and
+    # rough sizes of the true coefficients (1.5, -2.0, 0.5; intercept -0.5) are enough here.
+    assert np.allclose(model.coefficients, [1.5, -2.0, 0.5], atol=0.3)
+    assert abs(model.intercept + 0.5) < 0.3
+    losses = [p.metrics["loss"] for p in model.history]
+    assert losses[-1] < losses[0]
+    accuracy = (
+        model.predict(df)
+        .selectExpr("avg(CAST((prediction > 0.5) = (label = 1.0) AS INT)) AS a")
+        .first()["a"]
+    )
+    assert accuracy > 0.75
+
+
+def test_online_kmeans_example_finds_the_true_centers(spark: SparkSession, monkeypatch) -> None:
+    scope = run_example("online_kmeans.py", monkeypatch, "3")
+    errors = scope["nearest_distances"](scope["centers"], scope["true_centers"])
+    assert scope["last"] == 2  # one epoch per file
+    assert max(errors) < 0.5
+
+
+def test_pagerank_example_ranks_like_networkx(spark: SparkSession, monkeypatch) -> None:
+    scope = run_example("pagerank.py", monkeypatch, "60", "1e-6")
+    result = scope["result"]
+    ranks = dict(zip(scope["ranks"]["id"], scope["ranks"]["rank"], strict=True))
+    edges = [(r["src"], r["dst"]) for r in scope["edges"].collect()]
+    graph = nx.DiGraph(edges)
+    graph.add_nodes_from(ranks)
+    expected = nx.pagerank(graph, alpha=0.85, tol=1e-12)
+    assert result.termination.reason == "converged"
+    assert ranks.keys() == expected.keys()
+    assert max(abs(ranks[v] - expected[v]) for v in ranks) < 1e-5

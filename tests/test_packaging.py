@@ -45,8 +45,13 @@ def test_the_wheel_holds_the_package_and_its_entry_points_only(dist: Path) -> No
     assert "iterflow = iterflow.cli:main" in entry_points
     assert "[pytest11]" in entry_points and "iterflow = _iterflow_pytestplugin" in entry_points
     metadata = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
-    for extra in ("connect", "graphframes", "mlflow", "plot", "prometheus", "testing"):
+    for extra in ("connect", "converge", "docs", "graphframes", "mlflow", "plot", "prometheus"):
         assert f"Provides-Extra: {extra}" in metadata
+    assert "Provides-Extra: testing" in metadata  # the old name of `converge`, for one release
+    import iterflow as itf
+
+    assert f"Version: {itf.__version__}\n" in metadata  # written once, in iterflow/__init__.py
+    assert "Classifier: Typing :: Typed" in metadata
     assert "Requires-Dist: pyspark<5,>=4.0" in metadata
 
 

@@ -164,6 +164,26 @@ def test_frame_close_takes_each_kind_of_expected_and_names_key_differences(
         assert_frame_close(actual, 42, key="id")
 
 
+def test_frame_close_compares_maps_and_structs_within_the_tolerances(spark: SparkSession) -> None:
+    # As pyspark.testing.assertDataFrameEqual does: nested numbers within rtol/atol too.
+    actual = spark.createDataFrame(
+        [(1, {"a": 1.0}, (2.0, "x")), (2, {"a": float("nan")}, (None, "y"))],
+        "id long, m map<string, double>, s struct<v: double, t: string>",
+    )
+    close = [
+        {"id": 1, "m": {"a": 1.0 + 1e-9}, "s": (2.0 + 1e-9, "x")},
+        {"id": 2, "m": {"a": None}, "s": (None, "y")},  # a missing value equals NaN
+    ]
+    assert_frame_close(actual, spark.createDataFrame(close, actual.schema), key="id")
+    far = [{**close[0], "s": (2.1, "x")}, close[1]]
+    with pytest.raises(ConvergenceAssertionError, match="1 of 2 rows differ"):
+        assert_frame_close(actual, spark.createDataFrame(far, actual.schema), key="id")
+    with pytest.raises(ConvergenceAssertionError, match="1 of 2 rows differ"):  # NaN is no 1.0
+        assert_frame_close(
+            actual, [{"id": 1, "m": {"a": 1.0}}, {"id": 2, "m": {"a": 1.0}}], key="id"
+        )
+
+
 BROKEN_CASES = """
 import numpy as np
 from iterflow.testing import ConvergenceCase

@@ -56,7 +56,12 @@ ALPHA = 0.85
 
 
 def initial_ranks(vertices: DataFrame, edges: DataFrame) -> DataFrame:
-    """Round-0 ranks: ``(id, rank = 1/n, out_degree)`` for every vertex."""
+    """Round-0 ranks: ``(id, rank = 1/n, out_degree)`` for every vertex.
+
+    Example::
+
+        ranks = initial_ranks(vertices, edges)  # the "ranks" input of pagerank_body
+    """
     n = vertices.count()
     degrees = edges.groupBy(F.col("src").alias("id")).agg(F.count(F.lit(1)).alias("out_degree"))
     return (
@@ -127,7 +132,14 @@ def pagerank_update(
 def pagerank_body(
     n: int, *, alpha: float = ALPHA, tol: float | None = None, keep_dangling: bool = True
 ) -> itf.IterationBody:
-    """The PageRank body for ``n`` vertices; with ``tol`` it stops once the L1 change <= tol."""
+    """The PageRank body for ``n`` vertices; with ``tol`` it stops once the L1 change <= tol.
+
+    Example::
+
+        result = (itf.BoundedIteration(pagerank_body(vertices.count(), tol=1e-8))
+                    .bind("ranks", initial_ranks(vertices, edges)).bind("edges", edges)
+                    .until(itf.max_rounds(100)).run())
+    """
 
     @itf.body
     def pagerank_step(ranks: DataFrame, edges: DataFrame, ctx: itf.RoundContext) -> itf.Declaration:

@@ -260,6 +260,11 @@ class LinearRegression(Estimator[LinearRegressionModel], _RegressionParams, _Reg
     MLlib's Params and defaults (``maxIter=100``, ``tol=1e-6``, ``standardization=True``);
     ``solver`` ``"lbfgs"`` (the default; OWL-QN when ``elasticNetParam`` gives an L1 part)
     or ``"gd"``. Runs ``linear_regression``: see ``iterflow.ml.regression``.
+
+    Example::
+
+        model = LinearRegression(regParam=0.01).fit(df)  # "features" (a Vector), "label"
+        model.coefficients, model.intercept
     """
 
     @keyword_only
@@ -279,6 +284,11 @@ class LogisticRegression(Estimator[LogisticRegressionModel], _LogisticParams, _R
     ``threshold=0.5``); ``solver`` ``"lbfgs"`` (the default; OWL-QN when
     ``elasticNetParam`` gives an L1 part) or ``"gd"``. Runs ``logistic_regression``: see
     ``iterflow.ml.regression``.
+
+    Example::
+
+        lr = LogisticRegression(maxIter=100, regParam=0.01)
+        Pipeline(stages=[VectorAssembler(inputCols=["x1", "x2"], outputCol="features"), lr]).fit(df)
     """
 
     @keyword_only

@@ -19,7 +19,16 @@ from iterflow.reports import RoundProgress, RoundSample, Termination
 
 
 class RoundListener:
-    """Subclass and override either method; both default to doing nothing."""
+    """Subclass and override either method; both default to doing nothing.
+
+    Example::
+
+        class Trace(itf.RoundListener):
+            def on_round_end(self, ctx):
+                print(ctx.epoch, ctx.progress.converged_value)
+
+        iteration.listen(Trace()).run()
+    """
 
     def on_round_end(self, ctx: RoundEnd) -> None:
         """Called after round ``ctx.epoch``."""

@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from pyspark.errors import PySparkAssertionError
+from pyspark.sql import Row
+from pyspark.testing import assertDataFrameEqual
 
 import iterflow as itf
 
@@ -84,6 +88,10 @@ def _fail(headline: str, evidence: str) -> None:
 def assert_converges(result: Any, tol: float | None = None, within: int | None = None) -> None:
     """The run stopped by its own criterion, not by ``max_rounds``; with ``tol``, its last
     convergence value is at most ``tol``; with ``within``, it took at most ``within`` rounds.
+
+    Example::
+
+        assert_converges(iteration.run(progress=False), tol=1e-8, within=60)
     """
     run = _run(result)
     problems = []
@@ -102,7 +110,12 @@ def assert_converges(result: Any, tol: float | None = None, within: int | None =
 
 
 def assert_terminated_by(result: Any, reason: str) -> None:
-    """``reason`` is among the reasons the run stopped (``result.termination.reasons``)."""
+    """``reason`` is among the reasons the run stopped (``result.termination.reasons``).
+
+    Example::
+
+        assert_terminated_by(result, "criteria_empty")
+    """
     run = _run(result)
     if reason not in run.termination.reasons:
         _fail(
@@ -115,7 +128,12 @@ def assert_monotone(
     result: Any, metric: str, decreasing: bool = True, tolerance: float = 0.0
 ) -> None:
     """Round after round, ``metric`` never rises (``decreasing``) or never falls, by more
-    than ``tolerance``."""
+    than ``tolerance``.
+
+    Example::
+
+        assert_monotone(model, "loss")  # the loss of iterflow.ml never rises
+    """
     points = metric_values(result, metric)
     for (e0, v0), (e1, v1) in itertools.pairwise(points):
         step = v1 - v0 if decreasing else v0 - v1
@@ -141,7 +159,12 @@ def observed_rate(values: Sequence[float], window: int = 8) -> float | None:
 
 def assert_rate(result: Any, metric: str, at_most: float, window: int = 8) -> None:
     """``metric`` shrinks geometrically at least as fast as ``at_most``: the observed rate
-    (see :func:`observed_rate`) is at most ``at_most`` (0.5: it halves every round)."""
+    (see :func:`observed_rate`) is at most ``at_most`` (0.5: it halves every round).
+
+    Example::
+
+        assert_rate(result, "converged_value", at_most=0.9)
+    """
     values = [v for _, v in metric_values(result, metric)]
     rate = observed_rate(values, window)
     if rate is None:
@@ -180,33 +203,51 @@ def _missing(value: Any) -> bool:
     )
 
 
-def _same(actual: Any, expected: Any, atol: float, rtol: float) -> bool:
-    """One cell: missing on both sides, numbers (or arrays of them) close, else equal."""
-    if _missing(actual) or _missing(expected):
-        return _missing(actual) and _missing(expected)
-    if isinstance(actual, (list, tuple, np.ndarray)) or isinstance(
-        expected, (list, tuple, np.ndarray)
-    ):
-        a, e = np.asarray(actual), np.asarray(expected)
-        if a.shape != e.shape:
-            return False
-        if np.issubdtype(a.dtype, np.number) and np.issubdtype(e.dtype, np.number):
-            return bool(np.allclose(a, e, atol=atol, rtol=rtol, equal_nan=True))
-        return bool((a == e).all())
-    numbers = (int, float, np.number)
-    if isinstance(actual, numbers) and isinstance(expected, numbers):
-        if isinstance(actual, bool) or isinstance(expected, bool):
-            return bool(actual == expected)
-        return bool(abs(float(actual) - float(expected)) <= atol + rtol * abs(float(expected)))
-    return bool(actual == expected)
+def _plain(value: Any) -> Any:
+    """A cell as ``pyspark.testing`` compares it: Python lists, dicts and floats (numbers
+    other than bools compare within the tolerances), and None for any missing value
+    (it would take NaN for equal to every number)."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if _missing(value):
+        return None
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return value
 
 
-def _close(actual: pd.Series, expected: pd.Series, atol: float, rtol: float) -> np.ndarray:
-    """Per row: are ``actual`` and ``expected`` the same, as :func:`_same` says."""
-    return np.array(
-        [_same(a, e, atol, rtol) for a, e in zip(actual.tolist(), expected.tolist(), strict=True)],
-        dtype=bool,
-    )
+def _rows(frame: pd.DataFrame) -> list[Row]:
+    return [Row(**{k: _plain(v) for k, v in record.items()}) for record in frame.to_dict("records")]
+
+
+def _differing(actual: pd.DataFrame, expected: pd.DataFrame, atol: float, rtol: float) -> Any:
+    """Per row (the frames hold the same keys in the same order): does it differ beyond
+    ``atol + rtol * |expected|``, as ``pyspark.testing.assertDataFrameEqual`` decides."""
+    mine, theirs = _rows(actual), _rows(expected)
+    with warnings.catch_warnings():
+        # PySpark 4.0 imports pandas-on-Spark here, which warns about a setting it needs
+        # for its own frames only.
+        warnings.filterwarnings("ignore", message=".*PYARROW_IGNORE_TIMEZONE")
+        if _same_rows(mine, theirs, atol, rtol):  # the common case, in one call
+            return np.zeros(len(mine), dtype=bool)
+        return np.array(
+            [not _same_rows([a], [e], atol, rtol) for a, e in zip(mine, theirs, strict=True)],
+            dtype=bool,
+        )
+
+
+def _same_rows(actual: list[Row], expected: list[Row], atol: float, rtol: float) -> bool:
+    try:
+        assertDataFrameEqual(actual, expected, checkRowOrder=True, rtol=rtol, atol=atol)
+    except PySparkAssertionError:
+        return False
+    return True
 
 
 def assert_frame_close(
@@ -218,7 +259,17 @@ def assert_frame_close(
 ) -> None:
     """``actual_df`` has the rows of ``expected`` (a DataFrame, a pandas frame or a list of
     dicts), matched by the ``key`` column(s): the same keys, and in every other column of
-    ``expected`` numbers within ``atol + rtol * |expected|`` and other values equal."""
+    ``expected`` numbers within ``atol + rtol * |expected|`` and other values equal.
+
+    The cells compare as ``pyspark.testing.assertDataFrameEqual(rtol=, atol=)`` compares
+    them (arrays, maps and structs element by element), after matching rows by key, so
+    that a failure names the keys missing on either side and shows the rows that differ.
+    Missing values (None, NaN) equal only missing values.
+
+    Example::
+
+        assert_frame_close(result.outputs["ranks"], [{"id": 1, "rank": 0.25}], key="id")
+    """
     keys = [key] if isinstance(key, str) else list(key)
     actual, wanted = _frame(actual_df, "actual_df"), _frame(expected, "expected")
     for name, frame in (("actual_df", actual), ("expected", wanted)):
@@ -252,9 +303,10 @@ def assert_frame_close(
             f"{only_actual.head(SHOWN_ROWS).to_dict('records')}"
         )
     both = merged[merged["_merge"] == "both"].reset_index(drop=True)
-    differing = np.zeros(len(both), dtype=bool)
-    for column in columns:
-        differing |= ~_close(both[column], both[f"{column} (expected)"], atol, rtol)
+    expected_columns = {f"{c} (expected)": c for c in columns}
+    differing = _differing(
+        both[columns], both[list(expected_columns)].rename(columns=expected_columns), atol, rtol
+    )
     if differing.any():
         shown = both[differing].head(SHOWN_ROWS).drop(columns="_merge")
         problems.append(

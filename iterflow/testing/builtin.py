@@ -25,7 +25,7 @@ def _networkx() -> Any:
     except ImportError:
         raise itf.IterflowError(
             "the built-in graph cases compute their reference with networkx: "
-            "pip install iterflow[testing]"
+            "pip install iterflow[converge]"
         ) from None
     return networkx
 

@@ -38,7 +38,12 @@ def session(
 
     For a new session only: ``master`` is an explicit choice that wins over a configured
     one (a command's ``--master``); ``app_name`` and ``conf`` fill in what is not
-    configured. ``itf.session("local[2]", conf={"spark.sql.shuffle.partitions": "4"})``
+    configured.
+
+    Example::
+
+        spark = itf.session()  # in a notebook or under spark-submit: the session there
+        spark = itf.session("local[2]", conf={"spark.sql.shuffle.partitions": "4"})
     """
     active = SparkSession.getActiveSession()
     if active is not None:
