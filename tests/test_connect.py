@@ -123,6 +123,7 @@ CORE = [
 ]
 
 
+@pytest.mark.slow_spark  # the whole core suite again: minutes; the tests above stay in CI
 def test_the_core_semantics_tests_pass_on_a_connect_session(connect_run: dict[str, Any]) -> None:
     """The same test functions as on the classic session. Skipped, by their marker, are
     only those that reach into the JVM: counting evaluations with an accumulator or
