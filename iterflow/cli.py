@@ -565,14 +565,7 @@ def _report_round(event: Mapping[str, Any]) -> dict[str, Any]:
 
 def run_plot(args: argparse.Namespace) -> int:
     events = itf.progress.read_events(args.log, args.run_id)
-    figure = itf.progress.plot_events(events, metric=args.metric, log_y=args.log_y)
-    try:
-        figure.savefig(args.output, dpi=120)
-    except (OSError, ValueError) as error:  # an unwritable path, an unknown image format
-        raise itf.IterflowError(
-            f"cannot write '{args.output}': {getattr(error, 'strerror', None) or error}; "
-            "pick a writable path ending in .png, .svg or .pdf with -o"
-        ) from None
+    itf.progress.plot_events(events, metric=args.metric, log_y=args.log_y, output=args.output)
     print(args.output)
     return EXIT_OK
 

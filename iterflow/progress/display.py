@@ -19,7 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from iterflow.progress.event_log import progress_to_dict
-from iterflow.progress.plot import plot_events, save_figure
+from iterflow.progress.plot import plot_events
 from iterflow.progress.table import _cell, round_table
 from iterflow.reports import RoundProgress, Termination
 
@@ -94,10 +94,8 @@ def plot_history(
     A notebook shows the figure as an image: made without pyplot, it would otherwise
     show as its ``repr`` unless pyplot's inline backend happens to be on (whose
     formatter, when on, IPython prefers to ``_repr_png_``)."""
-    figure = plot_events(events, metric=metric, log_y=log_y)
+    figure = plot_events(events, metric=metric, log_y=log_y, output=output)
     figure._repr_png_ = partial(_png, figure)  # type: ignore[attr-defined]
-    if output is not None:
-        save_figure(figure, output)
     return figure
 
 

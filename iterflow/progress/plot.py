@@ -23,9 +23,14 @@ if TYPE_CHECKING:
 
 
 def plot_events(
-    events: Sequence[Mapping[str, Any]], *, metric: str | None = None, log_y: bool = False
+    events: Sequence[Mapping[str, Any]],
+    *,
+    metric: str | None = None,
+    log_y: bool = False,
+    output: str | None = None,
 ) -> Figure:
-    """A figure with one point per round that has a value of ``metric``, against the epoch.
+    """A figure with one point per round that has a value of ``metric``, against the epoch;
+    with ``output`` also written to that image file (its suffix picks the format).
 
     ``metric`` is ``converged_value`` by default, or any name :func:`round_values`
     gives: ``duration_s``, ``eta_s``, ``rounds_remaining_estimate``, ``rows.<name>``,
@@ -52,6 +57,8 @@ def plot_events(
     axes.set_ylabel(name)
     axes.set_title(f"{started.get('iteration', '?')}: {name} per round ({ending(events)})")
     axes.grid(True, alpha=0.3)
+    if output is not None:
+        save_figure(figure, output)
     return figure
 
 
