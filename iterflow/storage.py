@@ -133,10 +133,7 @@ class LocalFiles:
         target = self._local(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         written = target.with_name(target.name + "._writing") if atomic else target
-        with open(written, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
+        _write_durably(written, data)
         if atomic:
             os.replace(written, target)
 
@@ -147,10 +144,7 @@ class LocalFiles:
         target = self._local(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         written = target.with_name(f"{target.name}._writing-{os.getpid()}-{threading.get_ident()}")
-        with open(written, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
+        _write_durably(written, data)
         try:
             os.link(written, target)
         except FileExistsError:
@@ -193,6 +187,14 @@ class LocalFiles:
         target = self._local(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         return open(target, "ab")  # the caller closes it
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` and wait until it is on disk (a crash keeps it whole)."""
+    with open(path, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
 
 
 class ArrowFiles:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from iterflow.progress.event_log import progress_to_dict
+from iterflow.progress.event_log import progress_to_dict, termination_to_dict
 from iterflow.progress.plot import plot_events
 from iterflow.progress.table import _cell, round_table
 from iterflow.reports import RoundProgress, Termination
@@ -62,11 +62,7 @@ def history_events(
             {
                 "event": "iteration_terminated",
                 "run_id": run,
-                "termination": {
-                    "reason": termination.reason,
-                    "epoch": termination.epoch,
-                    "reasons": list(termination.reasons),
-                },
+                "termination": termination_to_dict(termination),
                 "rounds": rounds,
             }
         )

@@ -34,6 +34,15 @@ from iterflow.reports import Rollback, RoundProgress, RoundSample, Termination
 from iterflow.storage import AppendFile, read_bytes
 
 
+def termination_to_dict(termination: Termination) -> dict[str, Any]:
+    """``termination`` as an ``iteration_terminated`` event holds it."""
+    return {
+        "reason": termination.reason,
+        "epoch": termination.epoch,
+        "reasons": list(termination.reasons),
+    }
+
+
 def progress_to_dict(p: RoundProgress) -> dict[str, Any]:
     """Every field of ``p`` under its own name, as JSON-ready data.
 
@@ -202,11 +211,7 @@ class EventLog:
         self._write(
             "iteration_terminated",
             run_id,
-            termination={
-                "reason": termination.reason,
-                "epoch": termination.epoch,
-                "reasons": list(termination.reasons),
-            },
+            termination=termination_to_dict(termination),
             rounds=rounds,
             duration_s=duration_s,
             metrics=results_to_json(metrics),
