@@ -232,13 +232,12 @@ class RoundLoop:
 
 
 def criteria_outcome(rnd: Round, plan: RoundPlan) -> tuple[dict[Condition, bool], int | None]:
-    """Whether each criteria of the round is empty, and the rows of the criteria when its
-    jobs counted them all (a criteria that is also a feedback or output is counted by its
-    checkpoint's job)."""
-    empty: dict[Condition, bool] = {
-        c: rnd.evaluated.done.criteria_empty[id(c.criteria)] for c in plan.criteria
-    }
-    rows = rnd.evaluated.done.rows
+    """Whether each criteria of the round is empty, and the fewest rows among them (a
+    criteria that is also a feedback or output is counted by its checkpoint's job, the
+    others by the round's tally)."""
+    done = rnd.evaluated.done
+    empty: dict[Condition, bool] = {c: done.criteria_empty[id(c.criteria)] for c in plan.criteria}
+    rows = {**done.criteria_rows, **done.rows}
     counted = [rows[id(c.criteria)] for c in plan.criteria if id(c.criteria) in rows]
     return empty, (min(counted) if counted and len(counted) == len(plan.criteria) else None)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import attrs
@@ -23,18 +24,19 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
-from iterflow.errors import IterflowValueError
 from iterflow.runtime.datacache.columnar import combined_on_driver
 from iterflow.runtime.datacache.driver_variables import held_frame, held_on_driver
 from iterflow.runtime.progresstrack.tracker import RoundTracker
+from iterflow.runtime.round.tally import Counted, Tally
 from iterflow.runtime.spark.jvm import (
     deliver_observations,
     is_classic,
-    is_empty,
     is_local,
     release_local_checkpoint,
     set_checkpoint_statistics,
+    union_keeps_partitions,
 )
+from iterflow.runtime.spark.planning import static_planning
 from iterflow.runtime.spark.schema import has_user_type
 
 _names = itertools.count()
@@ -101,6 +103,8 @@ class Materialized:
     seconds: dict[int, float] = attrs.Factory(dict)
     #: The ``metrics`` asked for, by target.
     aggregates: dict[int, dict[str, Any]] = attrs.Factory(dict)
+    #: The rows of the criteria that are not targets, counted by the round's tally.
+    criteria_rows: dict[int, int] = attrs.Factory(dict)
 
 
 def materialize(
@@ -113,13 +117,17 @@ def materialize(
     names: Mapping[int, tuple[str, ...]] | None = None,
     metrics: Mapping[int, Sequence[Column]] | None = None,
 ) -> Materialized:
-    """Checkpoint ``targets``, test ``criteria`` for emptiness, read one-cell ``values``.
+    """Checkpoint ``targets``, count the rows of ``criteria``, read one-cell ``values``.
 
     Targets whose ``id()`` is in ``on_driver`` (small ones, such as a model) are
     collected as Arrow tables instead, and continue as local DataFrames over
     them (a ``LocalRelation``): reading them later, in the next body or to
     commit them, runs no Spark job. A target with a user-defined type (an ML
     vector), which Arrow does not carry back, is checkpointed all the same.
+
+    The criteria that are not targets and the values are read by one job (a ``Tally``),
+    or by none when a target is collected to the driver: they ride on its job. The
+    round's jobs are planned statically (``static_planning``).
 
     ``names`` gives the step names of targets (by ``id()``), for progress sampling
     (reported to ``tracker``): their row counts, live while their jobs run and exact
@@ -128,89 +136,132 @@ def materialize(
     ``metrics`` gives aliased aggregate columns to compute over targets (by ``id()``),
     riding on the job that materializes them; their values are in ``aggregates``.
     """
-    names = names or {}
-    metrics = metrics or {}
     distinct = list({id(df): df for df in targets}.values())
     target_ids = {id(df) for df in distinct}
-    extra_criteria = [df for df in criteria if id(df) not in target_ids]
-    shared = len(distinct) > 1 or bool(extra_criteria) or bool(values)
+    tally = Tally([df for df in criteria if id(df) not in target_ids], values)
     # Over Connect a persisted DataFrame's checkpoint takes its statistics from the cache
     # (none can be set afterwards). Rows held on the driver already need no job at all.
     held = {id(df): table for df in distinct if (table := held_on_driver(df)) is not None}
     in_spark = [df for df in distinct if id(df) not in held]
+    shared = len(distinct) > 1 or bool(tally)
     connect = {
         id(df) for df in in_spark if id(df) not in on_driver and not is_classic(df.sparkSession)
     }
-    owned = [df for df in in_spark if (shared or id(df) in connect) and persist_owned(df)]
+    frames = [*in_spark, *tally.criteria, *tally.values]
+    owned: list[DataFrame] = []
     try:
-        frames: dict[int, DataFrame] = {id(df): df for df in distinct if id(df) in held}
-        rows: dict[int, int] = {key: table.num_rows for key, table in held.items()}
-        for key, count in rows.items():
-            tracker.rows(names.get(key, ()), count)
-        tables: dict[int, Any] = dict(held)
-        seconds: dict[int, float] = {}
-        aggregates: dict[int, dict[str, Any]] = {}
-        for df in in_spark:
-            clock = time.perf_counter()
-            if id(df) in on_driver and not has_user_type(df.schema):
-                frames[id(df)], tables[id(df)] = _collected(df, shared)
-                rows[id(df)] = tables[id(df)].num_rows
-            else:
-                step = names.get(id(df), ())
-                frames[id(df)], got = _checkpointed(df, step, tracker, metrics.get(id(df), ()))
-                rows[id(df)] = int(got.pop("rows"))
-                if id(df) in metrics:
-                    aggregates[id(df)] = got
-                set_checkpoint_statistics(frames[id(df)], rows[id(df)])
-            seconds[id(df)] = time.perf_counter() - clock
-            tracker.rows(names.get(id(df), ()), rows[id(df)])
-        for key in metrics.keys() & tables.keys():  # rows on the driver: a local aggregate
-            first = frames[key].agg(*metrics[key]).first()
-            aggregates[key] = first.asDict() if first is not None else {}
-        empty = {id(df): (rows[id(df)] == 0 if id(df) in rows else is_empty(df)) for df in criteria}
-        read = {id(df): _one_cell(df, epoch) for df in values}
+        # A cache's plan is made when it is persisted: under the round's planning too.
+        with static_planning(frames[0].sparkSession) if frames else nullcontext():
+            owned = [df for df in in_spark if (shared or id(df) in connect) and persist_owned(df)]
+            done = _Round(epoch, tracker, names or {}, metrics or {}, held, tally)
+            for df in in_spark:
+                done.evaluate(df, id(df) in on_driver and not has_user_type(df.schema), shared)
+            done.finish()
     finally:
         for df in owned:
             df.unpersist(blocking=False)
+    counted = done.counted.rows
     return Materialized(
-        frames=frames,
-        rows=rows,
-        criteria_empty=empty,
-        values=read,
-        tables=tables,
-        seconds=seconds,
-        aggregates=aggregates,
+        frames={**{id(df): df for df in distinct if id(df) in held}, **done.frames},
+        rows=done.rows,
+        criteria_empty={id(df): done.rows.get(id(df), counted.get(id(df))) == 0 for df in criteria},
+        values=done.counted.values,
+        tables=done.tables,
+        seconds=done.seconds,
+        aggregates=done.aggregates,
+        criteria_rows=counted,
     )
 
 
-def _collected(df: DataFrame, shared: bool) -> tuple[DataFrame, Any]:
-    """``df`` collected to the driver: a local DataFrame over its rows, and their Arrow
-    table. Alone in the round (nothing else reads it), a combined kernel result is
-    combined here on the driver: no shuffle, no Python task for the combine."""
+class _Round:
+    """One materialization in progress: what its targets' jobs produced so far."""
+
+    def __init__(
+        self,
+        epoch: int,
+        tracker: RoundTracker,
+        names: Mapping[int, tuple[str, ...]],
+        metrics: Mapping[int, Sequence[Column]],
+        held: Mapping[int, Any],
+        tally: Tally,
+    ) -> None:
+        self.epoch, self.tracker, self.names, self.metrics = epoch, tracker, names, metrics
+        self.tally: Tally | None = tally if tally else None  # until read
+        self.counted = Counted(rows={}, values={})
+        self.frames: dict[int, DataFrame] = {}
+        self.rows: dict[int, int] = {key: table.num_rows for key, table in held.items()}
+        for key, count in self.rows.items():
+            tracker.rows(names.get(key, ()), count)
+        self.tables: dict[int, Any] = dict(held)
+        self.seconds: dict[int, float] = {}
+        self.aggregates: dict[int, dict[str, Any]] = {}
+
+    def evaluate(self, df: DataFrame, collect: bool, shared: bool) -> None:
+        """Materialize target ``df``: collected to the driver (``collect``) or checkpointed."""
+        clock = time.perf_counter()
+        key = id(df)
+        if collect:
+            ride = self.tally if self.tally is not None and is_classic(df.sparkSession) else None
+            observation = unique_observation("tally")
+            frame = ride.riding(df, observation) if ride is not None else df
+            self.frames[key], self.tables[key] = _collected(frame, df, shared)
+            self.rows[key] = self.tables[key].num_rows
+            if ride is not None:
+                self.counted, self.tally = ride.observed(observation, self.epoch), None
+        else:
+            step = self.names.get(key, ())
+            ride = self.tally if self.tally is not None and not has_user_type(df.schema) else None
+            self.frames[key], got, rode = _checkpointed(
+                df, step, self.tracker, self.metrics.get(key, ()), ride
+            )
+            if rode is not None and ride is not None:
+                self.counted, self.tally = ride.observed(rode, self.epoch), None
+            self.rows[key] = int(got.pop("rows"))
+            if key in self.metrics:
+                self.aggregates[key] = got
+            set_checkpoint_statistics(self.frames[key], self.rows[key])
+        self.seconds[key] = time.perf_counter() - clock
+        self.tracker.rows(self.names.get(key, ()), self.rows[key])
+
+    def finish(self) -> None:
+        """The aggregates of targets on the driver, and the tally if no job read it yet."""
+        for key in self.metrics.keys() & self.tables.keys():  # rows on the driver: local
+            first = self.frames[key].agg(*self.metrics[key]).first()
+            self.aggregates[key] = first.asDict() if first is not None else {}
+        if self.tally is not None:
+            self.counted, self.tally = self.tally.collect(self.epoch), None
+
+
+def _collected(frame: DataFrame, df: DataFrame, shared: bool) -> tuple[DataFrame, Any]:
+    """``frame`` (``df``, or ``df`` carrying a tally) collected to the driver: a local
+    DataFrame over its rows in the shape of ``df``, and their Arrow table. Alone in the
+    round (nothing else reads it), a combined kernel result is combined here on the
+    driver: no shuffle, no Python task for the combine."""
     table = None if shared else combined_on_driver(df)
     if table is None:
-        table = df.toArrow()
+        table = frame.toArrow()
     return held_frame(df.sparkSession, table.combine_chunks(), df.schema), table
 
 
 def _checkpointed(
-    df: DataFrame, step: tuple[str, ...], tracker: RoundTracker, metrics: Sequence[Column]
-) -> tuple[DataFrame, dict[str, Any]]:
+    df: DataFrame,
+    step: tuple[str, ...],
+    tracker: RoundTracker,
+    metrics: Sequence[Column],
+    tally: Tally | None = None,
+) -> tuple[DataFrame, dict[str, Any], Observation | None]:
     """``df`` cut from its lineage by one job that also counts its rows (``"rows"``) and
-    computes ``metrics``: the checkpoint, and what the job observed."""
+    computes ``metrics``: the checkpoint, and what the job observed. A ``tally`` rides on
+    the same job where its extra partition stays one (``union_keeps_partitions``): the
+    Observation holding it then, or None."""
     observation = step_observation("rows", step, tracker, watched=False)
-    observed = observe_rows(df, observation, *metrics)
+    carried = unique_observation("tally")
+    riding = None
+    if tally is not None:
+        riding = observe_rows(tally.riding(df, carried), observation, *metrics)
+        if not union_keeps_partitions(riding):  # the Observation is taken: a new one
+            riding, observation = None, step_observation("rows", step, tracker, watched=False)
+    observed = riding if riding is not None else observe_rows(df, observation, *metrics)
     frame = observed.localCheckpoint(eager=True)
     deliver_observations(observed)
-    return frame, dict(observation.get)
-
-
-def _one_cell(df: DataFrame, epoch: int) -> Any:
-    cells = df.limit(2).collect()
-    if len(cells) != 1:
-        count = "no rows" if not cells else "more than one row"
-        raise IterflowValueError(
-            f"epoch {epoch}: the convergence value has {count}; "
-            "it must be a one-row aggregate such as df.agg(F.max(...))"
-        )
-    return cells[0][0]
+    return frame, dict(observation.get), carried if riding is not None else None

@@ -133,6 +133,28 @@ def await_observations(observations: list[Observation]) -> None:
         log.debug("Spark's listener bus did not empty in time", exc_info=True)
 
 
+def union_keeps_partitions(df: DataFrame) -> bool:
+    """True when the first branch of the union in ``df``'s physical plan has a partitioning
+    a shuffle set (not ``UnknownPartitioning``): a branch unioned beside it adds its
+    partition to this round only, where beside a branch that inherits its input's
+    partitions it would add one more every round. Plans ``df``; its action reuses the plan.
+    False for a plan of another shape, or over Spark Connect."""
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:
+        return False
+    try:
+        node = jdf.queryExecution().executedPlan()
+        while node.nodeName() != "Union":
+            children = node.children()
+            if children.size() != 1:
+                return False
+            node = children.apply(0)
+        partitioning = node.children().apply(0).outputPartitioning()
+        return str(partitioning.getClass().getSimpleName()) != "UnknownPartitioning"
+    except Exception:  # a physical plan of another shape: no union to ride on
+        return False
+
+
 def deliver_observations(df: DataFrame) -> None:
     """After a command on the Spark Connect DataFrame ``df`` (such as ``localCheckpoint``),
     hand its observed metrics to the plan's ``Observation`` objects.
