@@ -3,6 +3,7 @@
 - ``pagerank``: the PageRank body of ``bench_round_growth.py`` (``pagerank_body(n)``).
 - ``components``: the README's connected-components example, on a path of ``n``
   vertices plus ``n/20`` random chords (undirected), run until no label changes.
+- ``readme``: the README's example itself, on its five vertices (3 rounds).
 - ``kmeans``: k-means written as DataFrame steps: points cross-joined with the
   centroids (a variable held on the driver), each point's nearest centroid by
   ``min_by``, new centroids by ``groupBy``, until no centroid moves more than ``tol``.
@@ -48,8 +49,17 @@ def components_inputs(spark: SparkSession, n: int, seed: int = 7) -> dict[str, D
     return {"labels": labels, "edges": edges}
 
 
-def kmeans_body(tol: float) -> itf.IterationBody:
-    """Lloyd's k-means over ``points (id, x, y)`` and ``centroids (cluster, cx, cy)``."""
+def readme_inputs(spark: SparkSession) -> dict[str, DataFrame]:
+    """The README's own five vertices: 1-2-3 and 4-5."""
+    pairs = spark.createDataFrame([(1, 2), (2, 3), (4, 5)], "src long, dst long")
+    edges = pairs.unionByName(pairs.select(F.col("dst").alias("src"), F.col("src").alias("dst")))
+    labels = spark.createDataFrame([(v, v) for v in range(1, 6)], "id long, label long")
+    return {"labels": labels, "edges": edges}
+
+
+def kmeans_body(tol: float | None) -> itf.IterationBody:
+    """Lloyd's k-means over ``points (id, x, y)`` and ``centroids (cluster, cx, cy)``, until
+    no centroid moves more than ``tol`` (None: no convergence value)."""
 
     @itf.body
     def lloyd(centroids: DataFrame, points: DataFrame) -> itf.Declaration:
@@ -60,13 +70,14 @@ def kmeans_body(tol: float) -> itf.IterationBody:
             .agg(F.min_by("cluster", distance).alias("cluster"))
         )
         moved = nearest.groupBy("cluster").agg(F.avg("x").alias("cx"), F.avg("y").alias("cy"))
-        shift = moved.join(centroids.withColumnRenamed("cx", "ox").withColumnRenamed("cy", "oy"), "cluster").agg(
+        old = centroids.select("cluster", F.col("cx").alias("ox"), F.col("cy").alias("oy"))
+        shift = moved.join(old, "cluster").agg(
             F.max(F.abs(F.col("cx") - F.col("ox")) + F.abs(F.col("cy") - F.col("oy")))
         )
         return itf.Declaration(
             feedback={"centroids": moved},
             outputs={"centroids": moved},
-            until=itf.converged(shift, tol),
+            until=itf.converged(shift, tol) if tol is not None else None,
         )
 
     return lloyd
@@ -74,11 +85,15 @@ def kmeans_body(tol: float) -> itf.IterationBody:
 
 def kmeans_inputs(spark: SparkSession, n: int, k: int = 8, seed: int = 3) -> dict[str, DataFrame]:
     """``n`` points around ``k`` centres on a circle; the first ``k`` points as centroids."""
-    points = spark.range(n).select(
-        "id",
-        (F.cos(F.col("id") % k) * 10 + F.randn(seed)).alias("x"),
-        (F.sin(F.col("id") % k) * 10 + F.randn(seed + 1)).alias("y"),
-    ).cache()
+    points = (
+        spark.range(n)
+        .select(
+            "id",
+            (F.cos(F.col("id") % k) * 10 + F.randn(seed)).alias("x"),
+            (F.sin(F.col("id") % k) * 10 + F.randn(seed + 1)).alias("y"),
+        )
+        .cache()
+    )
     points.count()
     first = points.where(F.col("id") < k).select(
         F.col("id").cast("int").alias("cluster"), F.col("x").alias("cx"), F.col("y").alias("cy")
@@ -87,9 +102,13 @@ def kmeans_inputs(spark: SparkSession, n: int, k: int = 8, seed: int = 3) -> dic
     return {"centroids": centroids, "points": points}
 
 
-def bodies(spark: SparkSession, quick: bool) -> dict[str, tuple[itf.IterationBody, dict[str, Any], int]]:
+Case = tuple[itf.IterationBody, dict[str, Any], int]
+
+
+def bodies(spark: SparkSession, quick: bool) -> dict[str, Case]:
     """Body, inputs and rounds of each benchmarked body."""
     from _common import pagerank_workload
+
     from iterflow.graph import pagerank_body
 
     w = pagerank_workload(spark, 2_000 if quick else 20_000, 20_000 if quick else 200_000, 0)
@@ -98,4 +117,5 @@ def bodies(spark: SparkSession, quick: bool) -> dict[str, tuple[itf.IterationBod
         "pagerank": (pagerank_body(w.n), {"ranks": w.ranks0, "edges": w.edges}, 8 if quick else 30),
         "components": (propagate, components_inputs(spark, n), 200),
         "kmeans": (kmeans_body(1e-9), kmeans_inputs(spark, n), 8 if quick else 20),
+        "readme": (propagate, readme_inputs(spark), 10),
     }

@@ -61,6 +61,9 @@ class JobSources:
         self.counts: collections.Counter[str] = collections.Counter()
         #: Seconds spent in each label's actions (their jobs, and planning them).
         self.seconds: collections.Counter[str] = collections.Counter()
+        #: Seconds of Spark's analysis, optimization and planning of the actions' plans
+        #: (``QueryPlanningTracker``; adaptive re-planning while a plan runs is not in it).
+        self.phases: collections.Counter[str] = collections.Counter()
         self._depth = 0
         self._start = 0
         self._end = 0
@@ -100,10 +103,21 @@ class JobSources:
                 self._depth -= 1
                 jobs = next_job_id(self.spark) - before
                 self.seconds[label] += time.perf_counter() - clock
+                self._read_phases(df)
                 if jobs:
                     self.counts[label] += jobs
 
         return traced
+
+    def _read_phases(self, df: Any) -> None:
+        try:
+            phases = df._jdf.queryExecution().tracker().phases()
+            for name in ("analysis", "optimization", "planning"):
+                summary = phases.get(name)
+                if summary.isDefined():
+                    self.phases[name] += summary.get().durationMs() / 1000
+        except Exception:  # a Spark without the tracker: no phases
+            pass
 
     def per_round(self, rounds: int) -> list[tuple[str, float]]:
         """Jobs per round by source, most first."""

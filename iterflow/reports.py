@@ -75,9 +75,9 @@ class RoundProgress:
     the job that materialized it. ``observed`` maps each ``ctx.observe`` name to
     the rows Spark evaluated there, or None when Spark never evaluated it.
     ``criteria_empty`` is None when the round declared no ``itf.empty`` criteria.
-    ``criteria_rows`` is the rows of those criteria (the fewest, with several)
-    when the round's own jobs counted them, that is when every criteria is also
-    a feedback or output; None otherwise (iterflow never runs a job to count them).
+    ``criteria_rows`` is the rows of those criteria (the fewest, with several),
+    counted on the round's own jobs (None without criteria, or in a round that
+    did not materialize them).
 
     Unbounded iterations fill in the rest: ``batch_id`` (the micro-batch whose
     call ran the epoch, None outside one), ``input_rows`` (new rows of each

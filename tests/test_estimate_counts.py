@@ -33,8 +33,9 @@ def halving_body(
     """A body that keeps the even ids of ``items`` and halves them (so half the rows go).
 
     ``criteria``: ``"feedback"`` ends the loop on ``itf.empty`` of the feedback (counted by
-    its checkpoint), ``"separate"`` on a DataFrame of its own (tested, not counted), and
-    ``"none"`` declares no criteria (the loop ends on empty feedback, in the same round).
+    its checkpoint), ``"separate"`` on a DataFrame of its own (counted on the job that
+    checkpoints the feedback), and ``"none"`` declares no criteria (the loop ends on empty
+    feedback, in the same round).
     ``observe`` observes the rows kept as ``kept``; ``spare`` adds an output observed as
     ``spare``: the ids divisible by 4, one round ahead.
     """
@@ -86,14 +87,14 @@ def test_a_halving_criteria_only_loop_estimates_the_rounds_left_within_a_factor_
     assert estimates[-1] == 0  # the round whose criteria are empty ends the run
 
 
-def test_criteria_not_counted_leave_the_estimate_to_an_observed_step(
+def test_a_criteria_of_its_own_is_counted_on_the_rounds_job_and_followed(
     spark: SparkSession,
 ) -> None:
-    history = run_halving(spark, halving_body(criteria="separate"))
-    # Tested for emptiness (a job that stops at the first row), never counted.
-    assert all(p.criteria_rows is None for p in history)
-    # The step observed as ``kept`` is the next round's rows: the count followed.
-    assert [p.observed["kept"] for p in history][:4] == [512, 256, 128, 64]
+    history = run_halving(spark, halving_body(criteria="separate", observe=False))
+    # The criteria (the feedback's positive ids: all of them) is counted on the job that
+    # checkpoints the feedback: its rows are there every round, followed to the loop's end.
+    assert [p.criteria_rows for p in history] == [p.rows["items"] for p in history]
+    assert history[-1].criteria_rows == 0
     estimates = [p.rounds_remaining_estimate for p in history]
     assert all(e is not None for e in estimates[2:])
     for epoch in range(5, LAST_EPOCH):
@@ -160,12 +161,6 @@ def test_progress_from_names_the_observed_step_the_estimate_follows(spark: Spark
     # ``spare`` (256, 128, ... 1, 0) has no row left in round 9, the criteria in round 10.
     assert default[2:LAST_EPOCH] == [LAST_EPOCH - k for k in range(2, LAST_EPOCH)]
     assert named[2:LAST_EPOCH] == [LAST_EPOCH - 1 - k for k in range(2, LAST_EPOCH)]
-
-
-def test_without_a_count_to_follow_there_is_no_estimate(spark: SparkSession) -> None:
-    history = run_halving(spark, halving_body(criteria="separate", observe=False))
-    assert [p.rounds_remaining_estimate for p in history[:-1]] == [None] * LAST_EPOCH
-    assert history[-1].rounds_remaining_estimate == 0  # its criteria are empty: it ends
 
 
 @pytest.mark.parametrize(

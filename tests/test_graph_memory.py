@@ -21,6 +21,7 @@ def check(result: dict, vertices: int) -> None:
     assert result["components"] == {"n": vertices, "wrong": 0}
 
 
+@pytest.mark.slow_spark  # two driver JVMs with a memory cap, a minute
 def test_block_path_runs_under_a_driver_cap_the_vector_path_breaks(tmp_path):
     check(run_job(JOB, "140000", "560000", "3", str(tmp_path)), 140_000)
 

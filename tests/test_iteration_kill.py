@@ -30,6 +30,7 @@ def kill_and_resume(mode: str, work: Path, ready: Callable[[], bool]) -> None:
     run_to_end(job)
 
 
+@pytest.mark.slow_spark  # a kill-and-resume job of a minute; CI keeps test_checkpoint_kill
 def test_a_killed_run_resumes_with_every_sink_epoch_written_once(
     spark: SparkSession, tmp_path: Path
 ) -> None:

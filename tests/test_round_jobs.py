@@ -6,7 +6,9 @@ as the other job-count tests do; results are compared with the adaptive path's."
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,18 +21,11 @@ import iterflow as itf
 from iterflow.graph import initial_ranks, pagerank_body
 from iterflow.runtime.round.tally import zero
 
+# The bodies of benchmarks/bench_round_jobs.py: the README's components and k-means.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from _bodies import kmeans_body, propagate
+
 AQE = "spark.sql.adaptive.enabled"
-
-
-@itf.body
-def propagate(labels: DataFrame, edges: DataFrame) -> itf.Declaration:
-    """The README's connected components, until no label changes."""
-    sent = edges.join(labels, edges.src == labels.id).select(F.col("dst").alias("id"), "label")
-    best = labels.unionByName(sent).groupBy("id").agg(F.min("label").alias("label"))
-    changed = best.join(labels, ["id", "label"], "left_anti")
-    return itf.Declaration(
-        feedback={"labels": best}, outputs={"labels": best}, until=itf.empty(changed)
-    )
 
 
 @itf.body
@@ -39,30 +34,6 @@ def propagate_blind(labels: DataFrame, edges: DataFrame) -> itf.Declaration:
     sent = edges.join(labels, edges.src == labels.id).select(F.col("dst").alias("id"), "label")
     best = labels.unionByName(sent).groupBy("id").agg(F.min("label").alias("label"))
     return itf.Declaration(feedback={"labels": best}, outputs={"labels": best})
-
-
-def lloyd(tol: float | None) -> itf.IterationBody:
-    """k-means as DataFrame steps; the centroids are small, so they stay on the driver."""
-
-    @itf.body
-    def step(centroids: DataFrame, points: DataFrame) -> itf.Declaration:
-        distance = (F.col("x") - F.col("cx")) ** 2 + (F.col("y") - F.col("cy")) ** 2
-        nearest = (
-            points.crossJoin(F.broadcast(centroids))
-            .groupBy("id", "x", "y")
-            .agg(F.min_by("cluster", distance).alias("cluster"))
-        )
-        moved = nearest.groupBy("cluster").agg(F.avg("x").alias("cx"), F.avg("y").alias("cy"))
-        old = centroids.select("cluster", F.col("cx").alias("ox"), F.col("cy").alias("oy"))
-        shift = moved.join(old, "cluster").agg(
-            F.max(F.abs(F.col("cx") - F.col("ox")) + F.abs(F.col("cy") - F.col("oy")))
-        )
-        until = itf.converged(shift, tol) if tol is not None else None
-        return itf.Declaration(
-            feedback={"centroids": moved}, outputs={"centroids": moved}, until=until
-        )
-
-    return step
 
 
 def components_inputs(spark: SparkSession, n: int) -> dict[str, DataFrame]:
@@ -140,8 +111,8 @@ def test_a_convergence_value_rides_on_a_target_collected_to_the_driver(
     spark: SparkSession,
 ) -> None:
     inputs = kmeans_inputs(spark)
-    result, jobs = run_counting(spark, lloyd(-1.0), inputs, rounds=5)
-    fixed, fixed_jobs = run_counting(spark, lloyd(None), inputs, rounds=5)
+    result, jobs = run_counting(spark, kmeans_body(-1.0), inputs, rounds=5)
+    fixed, fixed_jobs = run_counting(spark, kmeans_body(None), inputs, rounds=5)
     # The value adds no job of its own, only the broadcast its join plans.
     assert jobs[1:] == [3] * 4
     assert fixed_jobs[1:] == [2] * 4
@@ -180,7 +151,7 @@ def outputs_of_each_body(spark: SparkSession) -> tuple[dict[str, list[Any]], dic
     """The outputs of the three bodies, and their jobs per round after round 0."""
     runs = {
         "labels": run_counting(spark, propagate, components_inputs(spark, 12)),
-        "centroids": run_counting(spark, lloyd(-1.0), kmeans_inputs(spark), rounds=5),
+        "centroids": run_counting(spark, kmeans_body(-1.0), kmeans_inputs(spark), rounds=5),
         "ranks": run_counting(spark, pagerank_body(40, tol=-1.0), pagerank_inputs(spark), rounds=5),
     }
     return (

@@ -151,7 +151,9 @@ def test_a_slow_round_is_sampled_while_it_runs(spark: SparkSession, tmp_path: Pa
         # The last sample counts every step exactly, and the rows the round read.
         assert dict(samples[-1].rows_by_step) == final_counts == {"x": ROWS, "slowed": ROWS}
         assert samples[-1].rows_read is not None and samples[-1].rows_read >= ROWS
-        assert samples[-1].bytes_read is not None and samples[-1].bytes_read > 0
+        # A range reads no bytes; round 1 reads round 0's checkpoint from the block manager.
+        assert samples[-1].bytes_read is not None
+        assert samples[-1].bytes_read > 0 or progress.epoch == 0
         # The job materializing x took most of the round: the slow UDF runs in it.
         assert set(progress.step_s) == {"x"}
         assert progress.duration_s * 0.5 <= progress.step_s["x"] <= progress.duration_s

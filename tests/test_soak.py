@@ -102,6 +102,7 @@ def halve(x):
     )
 
 
+@pytest.mark.slow_spark  # a soak test; the 2,000-round ones are slow too
 def test_a_checkpointed_run_holds_no_more_rdds_files_or_fds_at_the_end(spark, tmp_path):
     """300 rounds with a checkpoint every 10: after the first checkpoints, the persisted
     RDDs, the checkpoint folder's files and the open descriptors stay where they were."""

@@ -42,6 +42,7 @@ def assert_each_row_once(spark, sinks: Path, files: list[list[int]]) -> list[tup
     return expected
 
 
+@pytest.mark.slow_spark  # a minute of kill and restart; CI keeps test_checkpoint_kill
 def test_a_killed_stream_restarts_without_losing_or_duplicating_a_row(spark, tmp_path: Path):
     write_numbers(tmp_path / "in", FILES)
     command = job_command(JOB, tmp_path)
