@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from child_jobs import run_job
 
-pytestmark = [pytest.mark.spark, pytest.mark.cluster]
+# A local-cluster session of 1.5 minutes: the slow tier; CI keeps the standalone cluster's job.
+pytestmark = [pytest.mark.spark, pytest.mark.cluster, pytest.mark.slow_spark]
 
 JOB = Path(__file__).with_name("cluster_resident_job.py")
 BIG, SMALL = 600_000, 1_000

@@ -201,7 +201,7 @@ class _Round:
         clock = time.perf_counter()
         key = id(df)
         if collect:
-            ride = self.tally if self.tally is not None and is_classic(df.sparkSession) else None
+            ride = self._rider(df)
             observation = unique_observation("tally")
             frame = ride.riding(df, observation) if ride is not None else df
             self.frames[key], self.tables[key] = _collected(frame, df, shared)
@@ -210,7 +210,7 @@ class _Round:
                 self.counted, self.tally = ride.observed(observation, self.epoch), None
         else:
             step = self.names.get(key, ())
-            ride = self.tally if self.tally is not None and not has_user_type(df.schema) else None
+            ride = self._rider(df)
             self.frames[key], got, rode = _checkpointed(
                 df, step, self.tracker, self.metrics.get(key, ()), ride
             )
@@ -222,6 +222,14 @@ class _Round:
             set_checkpoint_statistics(self.frames[key], self.rows[key])
         self.seconds[key] = time.perf_counter() - clock
         self.tracker.rows(self.names.get(key, ()), self.rows[key])
+
+    def _rider(self, df: DataFrame) -> Tally | None:
+        """The tally not read yet, when it can ride on the job of ``df`` (classic Spark,
+        plain values, no user-defined type in ``df``)."""
+        tally = self.tally
+        if tally is None or not tally.rides() or not is_classic(df.sparkSession):
+            return None
+        return None if has_user_type(df.schema) else tally
 
     def finish(self) -> None:
         """The aggregates of targets on the driver, and the tally if no job read it yet."""

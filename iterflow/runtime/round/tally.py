@@ -80,14 +80,25 @@ class Tally:
         """Read the tally with a job of its own."""
         return self._read([row.asDict() for row in self.frame().collect()], epoch)
 
+    def rides(self) -> bool:
+        """Whether the tally can ride on another job: each observed metric is a plain
+        value (a value of an array, map or struct type is read by a job of its own)."""
+        return not any(isinstance(kind, (ArrayType, MapType, StructType)) for kind in self._types)
+
     def riding(self, target: DataFrame, observation: Observation) -> DataFrame:
         """``target`` with the tally observed into ``observation`` on the same job: a
         branch that keeps none of the tally's rows (a count is never negative), in the
         shape of ``target``. Read it with ``observed`` after the job."""
         tally = self.frame()
-        rows = F.collect_list(F.struct(*tally.columns)).alias("parts")
+        metrics = [  # one plain metric per part and value (PySpark 4.0 reads no lists)
+            F.max(F.when(F.col("part") == part, F.col("rows"))).alias(f"rows{part}")
+            for part in range(len(self.criteria) + len(self.values))
+        ] + [
+            F.max(F.when(F.col("part") == len(self.criteria) + k, F.col(f"v{k}"))).alias(f"v{k}")
+            for k in range(len(self.values))
+        ]
         side = (
-            tally.observe(observation, rows)
+            tally.observe(observation, *metrics)
             .where(F.col("rows") < 0)
             .select(*[zero(f.dataType).alias(f.name) for f in target.schema.fields])
         )
@@ -95,7 +106,11 @@ class Tally:
 
     def observed(self, observation: Observation, epoch: int) -> Counted:
         """What ``riding`` observed, once its job ran."""
-        return self._read([row.asDict() for row in observation.get["parts"]], epoch)
+        got = dict(observation.get)
+        parts = len(self.criteria) + len(self.values)
+        cells = {f"v{k}": got.get(f"v{k}") for k in range(len(self.values))}
+        rows = [{"part": i, "rows": got.get(f"rows{i}"), **cells} for i in range(parts)]
+        return self._read([row for row in rows if row["rows"] is not None], epoch)
 
     def _read(self, rows: list[dict[str, Any]], epoch: int) -> Counted:
         by_part = {int(row["part"]): row for row in rows}
