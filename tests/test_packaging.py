@@ -55,6 +55,7 @@ def test_the_wheel_holds_the_package_and_its_entry_points_only(dist: Path) -> No
     assert "Requires-Dist: pyspark<5,>=4.0" in metadata
 
 
+@pytest.mark.slow_spark  # a virtualenv, a wheel and the demo: a minute; CI installs too
 def test_a_fresh_virtualenv_installs_the_wheel_and_runs_the_demo(
     dist: Path, tmp_path: Path
 ) -> None:

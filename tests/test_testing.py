@@ -249,6 +249,7 @@ def test_iterflow_converge_runs_the_built_in_cases_and_names_a_broken_one(
     assert main(["converge", "no_such_module_here"]) == 3
 
 
+@pytest.mark.slow_spark  # a project of its own with its own Spark session
 def test_the_plugin_works_in_a_fresh_project(tmp_path: Path) -> None:
     (tmp_path / "test_mine.py").write_text(
         textwrap.dedent(
