@@ -201,9 +201,10 @@ class _Round:
         clock = time.perf_counter()
         key = id(df)
         if collect:
-            ride = self._rider(df)
-            observation = unique_observation("tally")
-            frame = ride.riding(df, observation) if ride is not None else df
+            ride, frame = self._rider(df), df
+            if ride is not None:
+                observation = unique_observation("tally")
+                frame = ride.riding(df, observation)
             self.frames[key], self.tables[key] = _collected(frame, df, shared)
             self.rows[key] = self.tables[key].num_rows
             if ride is not None:
@@ -263,9 +264,9 @@ def _checkpointed(
     the same job where its extra partition stays one (``union_keeps_partitions``): the
     Observation holding it then, or None."""
     observation = step_observation("rows", step, tracker, watched=False)
-    carried = unique_observation("tally")
-    riding = None
+    carried, riding = None, None
     if tally is not None:
+        carried = unique_observation("tally")
         riding = observe_rows(tally.riding(df, carried), observation, *metrics)
         if not union_keeps_partitions(riding):  # the Observation is taken: a new one
             riding, observation = None, step_observation("rows", step, tracker, watched=False)
