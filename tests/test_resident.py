@@ -150,6 +150,46 @@ def test_partition_order_reaches_combine_and_the_data_is_loaded_once(spark, tmp_
     assert seen[0].tasks_alive() == {}  # the tasks ended with the run
 
 
+def test_kernels_run_on_every_core_over_data_shared_with_the_kernel_processes(spark):
+    """local[2]: one task stays (one slot), the load ran on both slots, and each call runs
+    the kernels of the six partitions on two processes that map the partitions' files."""
+    from iterflow.runtime.datacache.resident_share import PREFIX, SHARED_MEMORY
+
+    points = spark.createDataFrame(pa.table({"x": np.arange(60_000.0)})).repartition(6).cache()
+    points.count()
+    seen: list = []
+    outputs: list = []
+
+    def _where(table: pa.Table) -> pa.Table:
+        """Kernel: this process's id, and whether the partition's values are mapped from a
+        file (fewer bytes in pyarrow's allocator than the table holds)."""
+        mapped = pa.total_allocated_bytes() < table.nbytes or table.num_rows == 0
+        return pa.table({"pid": [os.getpid()], "mapped": [mapped], "rows": [table.num_rows]})
+
+    @itf.body
+    def where(acc, points, ctx):
+        data = ctx.columnar(points)
+        seen.append(data)
+        outputs.append(itf.to_arrow(data.map(_where, "pid INT, mapped BOOLEAN, rows LONG")))
+        return itf.Declaration(feedback={"acc": acc})
+
+    with settings(spark, **{RESIDENT_CONF: "on"}):
+        itf.BoundedIteration(where).bind("acc", spark.range(1)).bind("points", points).until(
+            itf.max_rounds(2)
+        ).run(progress=False)
+    data = seen[0]
+    assert (data.tasks, data.launched, data.processes) == (1, 2, 2)
+    for table in outputs:
+        assert sum(table["rows"].to_pylist()) == 60_000
+        assert all(table["mapped"].to_pylist())
+        assert len(set(table["pid"].to_pylist())) == 2  # both cores worked
+    assert set(outputs[0]["pid"].to_pylist()) == set(outputs[1]["pid"].to_pylist())
+    if os.path.isdir(SHARED_MEMORY):  # the files went with the run
+        left = [e for e in os.listdir(SHARED_MEMORY) if e.startswith(f"{PREFIX}{data.job}")]
+        assert left == []
+    points.unpersist()
+
+
 def test_pagerank_resident_equals_the_job_path_and_networkx(spark):
     g = nx.gnm_random_graph(200, 1500, seed=7, directed=True)
     edges = spark.createDataFrame([(int(a), int(b)) for a, b in g.edges()], "src long, dst long")

@@ -61,6 +61,14 @@ def captured(run_id: str, epoch: int) -> Iterator[dict[Key, State]]:
         _CAPTURE = previous
 
 
+def add_updates(into: dict[Key, State], updates: dict[Key, State]) -> dict[Key, State]:
+    """``updates`` (``captured``) added to ``into``, in place: what the processes of one
+    resident task recorded in one kernel call, made one task's updates."""
+    for key, state in updates.items():
+        into[key] = add_state(key[3], into.get(key), state)
+    return into
+
+
 class _StatesParam(AccumulatorParam[dict[Key, State]]):
     """Accumulates ``{(run_id, epoch, name, kind): state}`` dicts."""
 
@@ -68,9 +76,7 @@ class _StatesParam(AccumulatorParam[dict[Key, State]]):
         return {}
 
     def addInPlace(self, value1: dict[Key, State], value2: dict[Key, State]) -> dict[Key, State]:
-        for key, state in value2.items():
-            value1[key] = add_state(key[3], value1.get(key), state)
-        return value1
+        return add_updates(value1, value2)
 
 
 class _AccumulatorRecorder:
@@ -109,10 +115,25 @@ class _AccumulatorRecorder:
         values[key] = add_state(kind, values.get(key), state)
 
 
+#: Whether this process is a resident task's kernel process (``resident_pool``): a task's
+#: helper without a TaskContext of its own, whose metrics record as the task's do.
+_KERNEL_PROCESS = False
+
+
+def kernel_process() -> None:
+    """Mark this process as a resident task's kernel process."""
+    global _KERNEL_PROCESS
+    _KERNEL_PROCESS = True
+
+
+def _in_task() -> bool:
+    return _KERNEL_PROCESS or TaskContext.get() is not None
+
+
 def _restore(name: str, kind: Kind, accumulator: Accumulator[dict[Key, State]]) -> Metric:
     """Unpickle a metric: inside a task it records into the accumulator; on the driver
     it is the registry's handle."""
-    if TaskContext.get() is None:
+    if not _in_task():
         return REGISTRY.get(name, kind)
     return KIND_CLASSES[kind](name, REGISTRY, _AccumulatorRecorder(accumulator))
 
@@ -120,7 +141,7 @@ def _restore(name: str, kind: Kind, accumulator: Accumulator[dict[Key, State]]) 
 def _not_recorded(name: str, kind: Kind) -> Metric:
     """Unpickle a metric shipped over Spark Connect: inside a task its updates go nowhere
     (there is no accumulator to carry them); on the driver it is the registry's handle."""
-    if TaskContext.get() is None:
+    if not _in_task():
         return REGISTRY.get(name, kind)
     return KIND_CLASSES[kind](name, REGISTRY, lambda _name, _kind, _state: None)
 
@@ -145,7 +166,7 @@ class SparkBridge:
         self._resident_lock = threading.Lock()
 
     def on_executor(self) -> bool:
-        return TaskContext.get() is not None
+        return _in_task()
 
     def accumulator(self) -> Accumulator[dict[Key, State]]:
         context = SparkContext._active_spark_context

@@ -80,8 +80,11 @@ from iterflow.runtime.datacache.columnar import (
 from iterflow.runtime.datacache.dataplane import Channel, DataPlane
 from iterflow.runtime.datacache.driver_variables import held_frame
 from iterflow.runtime.datacache.ledger import ResidentBudget, return_slots
+from iterflow.runtime.datacache.resident_pool import CALL
 from iterflow.runtime.datacache.resident_task import CONNECT_TIMEOUT_S, PARTITION_COLUMN, task_main
 from iterflow.runtime.progresstrack.tracker import RoundTracker
+from iterflow.runtime.spark.jvm import plan_now
+from iterflow.runtime.spark.planning import static_planning
 from iterflow.runtime.spark.schema import map_in_arrow
 
 #: How long the driver waits for every resident task of a job to start.
@@ -124,8 +127,6 @@ class _Stream:
     pid: int
     host: str
     executor: str
-    #: Bytes the task reserved in the application's ledger, given back when it ends.
-    reserved: int = 0
     outbox: queue.Queue[Any] = attrs.field(factory=queue.Queue)
 
 
@@ -147,6 +148,8 @@ class ResidentData:
         tasks: int,
         budget: ResidentBudget,
         tracker: RoundTracker,
+        launched: int | None = None,
+        processes: int = 1,
     ) -> None:
         self.spark = df.sparkSession
         self.tracker = tracker  # the run's: kernel calls report their progress to it
@@ -154,6 +157,10 @@ class ResidentData:
         self.plane = plane
         self.partitions = partitions
         self.tasks = tasks  # slots taken from the application's ledger, given back on release
+        #: Tasks of the resident job: one per free slot, so that loading uses every core;
+        #: at most ``tasks`` of them stay (one per executor), the others hand over and end.
+        self.launched = max(launched or tasks, tasks)
+        self.processes = processes  # kernel processes per staying task
         self.budget = budget
         self.job = uuid.uuid4().hex[:12]
         self.rows = 0
@@ -161,9 +168,14 @@ class ResidentData:
         self.launches = 0
         self._prepare = prepare
         self._schema = _declared_arrow_schema(self.spark, df.schema)
-        self._input = df.withColumn(PARTITION_COLUMN, F.spark_partition_id()).coalesce(self.tasks)
+        self._input = df.withColumn(PARTITION_COLUMN, F.spark_partition_id()).coalesce(
+            self.launched
+        )
         self._arrivals: queue.Queue[tuple[Any, ...]] = queue.Queue()
-        self._streams: dict[int, _Stream] = {}
+        self._streams: dict[int, _Stream] = {}  # the staying tasks' streams
+        self._keepers: dict[str, int] = {}  # executor -> the task that keeps its partitions
+        self._loaders: dict[int, _Stream] = {}  # tasks that load, hand over and end
+        self._reserved: dict[str, int] = {}  # bytes reserved in the ledger, by executor
         self._generation = 0
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -177,58 +189,84 @@ class ResidentData:
     # -- lifecycle ----------------------------------------------------------------
 
     def start(self) -> None:
-        """Launch the resident job and wait until every task holds its partitions.
+        """Launch the resident job and wait until the staying tasks hold every partition.
 
         Raises ``ResidentUnavailable`` when the tasks cannot start, reach the
         driver or hold the data.
         """
         self._launch()
-        ready: dict[int, dict[str, Any]] = {}
+        loaded = self._loaded()
+        with self._lock:
+            keepers = dict(self._keepers)
+            executor_of = {t: s.executor for t, s in {**self._streams, **self._loaders}.items()}
+        given: dict[int, dict[str, Any]] = {
+            task: {"files": {}, "sizes": {}, "empty": []} for task in keepers.values()
+        }
+        for task, said in loaded.items():
+            adopting = given[keepers[executor_of[task]]]
+            adopting["files"].update(said.get("files", {}))
+            adopting["sizes"].update(said.get("sizes", {}))
+        held = {part for said in loaded.values() for part in said["rows"]}
+        given[min(given)]["empty"] = [p for p in range(self.partitions) if p not in held]
+        replies = self._exchange(lambda task: pickle.dumps({"adopt": given[task]}))
+        refused = [reply["refused"] for reply in replies if "refused" in reply]
+        if refused:
+            raise ResidentUnavailable(refused[0])
+        self.rows = sum(n for reply in replies for n in reply["rows"].values())
+        with self._lock:
+            tasks = sorted(self._streams)
+        self._held = {task: list(reply["rows"]) for task, reply in zip(tasks, replies, strict=True)}
+
+    def _loaded(self) -> dict[int, dict[str, Any]]:
+        """What every task of the launch said once its partitions were loaded, by task."""
+        loaded: dict[int, dict[str, Any]] = {}
         deadline = time.monotonic() + START_TIMEOUT_S
-        while len(ready) < self.tasks:
+        while len(loaded) < self.launched:
             left = deadline - time.monotonic()
-            if left <= 0 and len(self._streams) < self.tasks:
+            with self._lock:
+                started = len(self._streams) + len(self._loaders)
+            if left <= 0 and started < self.launched:
                 raise ResidentUnavailable(
-                    f"only {len(self._streams)} of {self.tasks} resident task(s) started within "
+                    f"only {started} of {self.launched} resident task(s) started within "
                     f"{START_TIMEOUT_S:.0f} s: fewer free task slots than resident tasks, or "
                     "Spark stages before them (a shuffle of the data) took longer than that"
                 )
             kind, task, value = self._next(max(left, 0.05) if left > 0 else 1.0)
-            if kind == "ready":
+            if kind in ("ready", "handed"):
                 if "error" in value:
                     raise ResidentUnavailable(
                         f"prepare failed in a resident task: {value['error']}"
                     )
                 if "refused" in value:
                     raise ResidentUnavailable(value["refused"])
-                ready[task] = value
+                loaded[task] = value
             elif kind == "lost":
                 raise ResidentTaskLost(f"resident task {task} was lost while loading: {value}")
-        held = {part for r in ready.values() for part in r["rows"]}
-        empty = [part for part in range(self.partitions) if part not in held]
-        replies = self._exchange(lambda task: pickle.dumps({"adopt": empty if task == 0 else []}))
-        self.rows = sum(n for reply in replies for n in reply["rows"].values())
-        with self._lock:
-            tasks = sorted(self._streams)
-        self._held = {task: list(reply["rows"]) for task, reply in zip(tasks, replies, strict=True)}
+        return loaded
 
     def _launch(self) -> None:
         self._generation += 1
         self.launches += 1
-        self._streams = {}
+        self._streams, self._keepers, self._loaders = {}, {}, {}
         generation = self._generation
         function = task_main(
             self.plane.credentials, self.job, generation, self._prepare, self._schema
         )
         mapped = map_in_arrow(self._input, function, "task INT, unreachable STRING")
+        # Planned as the partitions were counted: adaptive execution could coalesce them.
+        with static_planning(self.spark):
+            plan_now(mapped)
         group = f"iterflow-resident-{self.job}-{generation}"
+        staying = "" if self.launched == self.tasks else f", {self.tasks} staying"
         context = self.context
 
         def run() -> None:
             # Not one of the launching round's jobs: its tasks outlive the round.
             context.clearJobTags()
             context.setJobGroup(
-                group, f"iterflow resident tasks ({self.tasks})", interruptOnCancel=True
+                group,
+                f"iterflow resident tasks ({self.launched}{staying})",
+                interruptOnCancel=True,
             )
             try:
                 rows = mapped.collect()
@@ -244,38 +282,64 @@ class ResidentData:
     def _serve_stream(self, hello: dict[str, Any], channel: Channel) -> None:
         """Serve one task's stream (on a data-plane thread) until it is closed."""
         generation, task = hello["generation"], hello["task"]
+        stream = _Stream(task, hello["pid"], hello["host"], hello["executor"])
         with self._lock:
             if generation != self._generation:
                 return  # a task of a relaunched job's earlier launch
-            if task in self._streams:
+            if task in self._streams or task in self._loaders:
                 # Spark retried a lost task: its partitions' state (the empty ones it
                 # adopted) is gone with it, so the whole job is launched again.
                 self._arrivals.put(("lost", generation, task, "Spark retried it"))
                 return
-            stream = _Stream(task, hello["pid"], hello["host"], hello["executor"])
-            self._streams[task] = stream
+            role = self._role(stream)
         try:
-            message: Any = channel.receive()  # ready: the task holds its partitions
-            while True:
-                if message is None:
-                    raise ResidentTaskLost("its stream closed")
-                if "reserve" in message:  # bytes a loading task asks for before keeping them
-                    channel.send(self._reserve(stream, generation, message["reserve"]))
-                    message = channel.receive()
-                    continue
-                if "progress" in message:  # partitions done so far in the call in flight
-                    self._progressed(task, message["progress"])
-                    message = channel.receive()
-                    continue
-                kind = "ready" if "bytes" in message else "reply"
-                self._arrivals.put((kind, generation, task, message))
-                outgoing = stream.outbox.get()
-                if outgoing is _CLOSE:
-                    return
-                channel.send(None, payload=outgoing)
-                message = channel.receive()
+            channel.send(role)
+            self._converse(stream, generation, channel)
         except Exception as error:
             self._arrivals.put(("lost", generation, task, error))
+
+    def _role(self, stream: _Stream) -> dict[str, Any]:
+        """What a task that just said hello is to do (under the lock): keep its executor's
+        partitions (the first task there, while slots allow), or load and hand over."""
+        keeper = self._keepers.get(stream.executor)
+        if keeper is None and len(self._keepers) < self.tasks:
+            self._keepers[stream.executor] = stream.task
+            self._streams[stream.task] = stream
+            return {"role": "keep", "processes": self.processes}
+        self._loaders[stream.task] = stream
+        if keeper is not None:
+            return {"role": "load"}
+        return {
+            "role": "refuse",
+            "reason": f"a resident task started on a further executor ({stream.executor}) "
+            f"than the {self.tasks} that may keep data",
+        }
+
+    def _converse(self, stream: _Stream, generation: int, channel: Channel) -> None:
+        """Trade messages with one task: its reservations, progress and replies."""
+        task = stream.task
+        message: Any = channel.receive()  # loaded: the task holds (or hands) its partitions
+        while True:
+            if message is None:
+                raise ResidentTaskLost("its stream closed")
+            if "reserve" in message:  # bytes a loading task asks for before keeping them
+                channel.send(self._reserve(stream, generation, message["reserve"]))
+                message = channel.receive()
+                continue
+            if "progress" in message:  # partitions done so far in the call in flight
+                self._progressed(task, message["progress"])
+                message = channel.receive()
+                continue
+            if task in self._loaders:  # its one message: the files it hands over, or why not
+                self._arrivals.put(("handed", generation, task, message))
+                return
+            kind = "ready" if "bytes" in message else "reply"
+            self._arrivals.put((kind, generation, task, message))
+            outgoing = stream.outbox.get()
+            if outgoing is _CLOSE:
+                return
+            channel.send(None, payload=outgoing)
+            message = channel.receive()
 
     def _next(self, timeout: float) -> tuple[str, int, Any]:
         """The next event of the current launch: (kind, task, value); raises when it ended."""
@@ -312,7 +376,7 @@ class ResidentData:
         for task, stream in streams.items():
             stream.outbox.put(message if isinstance(message, bytes) else message(task))
         replies: dict[int, dict[str, Any]] = {}
-        while len(replies) < self.tasks:
+        while len(replies) < len(streams):
             kind, task, value = self._next(1.0)
             if kind == "reply":
                 replies[task] = value
@@ -326,9 +390,10 @@ class ResidentData:
         with self._lock:
             self._generation += 1  # nothing of the old launch is heeded any more
             streams, self._streams = list(self._streams.values()), {}
-            for stream in streams:
-                self.budget.release(stream.executor, stream.reserved)
-                stream.reserved = 0
+            self._keepers, self._loaders = {}, {}
+            for executor, count in self._reserved.items():
+                self.budget.release(executor, count)
+            self._reserved = {}
         for stream in streams:
             stream.outbox.put(_CLOSE)
         thread = self._thread
@@ -354,7 +419,7 @@ class ResidentData:
                 return {"refused": "the resident job was stopped"}
             refused = self.budget.reserve(stream.executor, count)
             if refused is None:
-                stream.reserved += count
+                self._reserved[stream.executor] = self._reserved.get(stream.executor, 0) + count
                 return {"granted": count}
         return {"refused": refused}
 
@@ -397,7 +462,7 @@ class ResidentData:
         declared = _declared_arrow_schema(self.spark, schema)
         run_id, epoch = current_round(self.context)
         call = KernelCall(kernel, args, indexed, declared, numbered=True)
-        payload = cloudpickle.dumps({"kernel": call, "run_id": run_id, "epoch": epoch})
+        payload = CALL + cloudpickle.dumps({"kernel": call, "run_id": run_id, "epoch": epoch})
         replies = self._call(payload)
         for reply in replies:
             BRIDGE.merge(reply["metrics"])
@@ -465,7 +530,7 @@ class ResidentData:
     def __repr__(self) -> str:
         return (
             f"ResidentData({self.rows} rows in {self.partitions} partitions "
-            f"held by {self.tasks} task(s))"
+            f"held by {self.tasks} task(s) of {self.processes} kernel process(es) each)"
         )
 
 

@@ -31,10 +31,13 @@ from iterflow.runtime.datacache.ledger import (
 )
 from iterflow.runtime.datacache.resident import ResidentData, ResidentTaskLost, ResidentUnavailable
 from iterflow.runtime.progresstrack.tracker import Residency, RoundTracker
-from iterflow.runtime.spark.jvm import byte_setting, is_classic, task_slots
+from iterflow.runtime.spark.jvm import byte_setting, executor_count, is_classic, task_slots
+from iterflow.runtime.spark.planning import static_planning
 
 RESIDENT_CONF = "spark.iterflow.resident"
 PORT_CONF = "spark.iterflow.resident.port"
+#: Kernel processes per resident task; by default one per core of its executor.
+PROCESSES_CONF = "spark.iterflow.resident.processes"
 MODES = ("auto", "on", "off")
 #: The share of an executor's Python memory that resident data may take by default:
 #: the rest is the kernels' working memory and the other Python workers'.
@@ -160,15 +163,22 @@ class ResidentPolicy:
         self._decide(Residency("jobs", reason))
 
     def _resident(self, df: DataFrame, prepare: Prepare | None) -> ResidentData:
-        """``df`` with slots taken for its resident tasks (not started yet)."""
+        """``df`` with slots taken for its resident tasks (not started yet).
+
+        One task per executor stays (while half the slots allow: a task per executor
+        holds one slot) and runs its partitions' kernels on a process per core of its
+        executor; the load runs on every free slot.
+        """
         context = self.spark.sparkContext
-        partitions = int(df.rdd.getNumPartitions())
+        with static_planning(self.spark):  # an adaptive plan would run a job to count them
+            partitions = int(df.rdd.getNumPartitions())
         if partitions == 0:
             raise ResidentUnavailable("the data has no partitions")
         slots = task_slots(context)
+        executors = min(executor_count(context), slots)
         app = str(context.applicationId)
         # coalesce makes no more tasks than partitions
-        tasks, held = take_slots(app, slots, partitions)
+        tasks, held = take_slots(app, slots, min(executors, partitions))
         if tasks < 1:
             raise ResidentUnavailable(
                 f"fewer free task slots than resident tasks: {slots} slot(s), {held} held by "
@@ -177,18 +187,38 @@ class ResidentPolicy:
                 "rounds' Spark jobs"
             )
         try:
-            busy = _busy_slots(context)
-            if slots - busy < tasks:
+            free = slots - _busy_slots(context)
+            if free < tasks:
                 raise ResidentUnavailable(
-                    f"fewer free task slots ({slots - busy} of {slots}) than resident tasks "
-                    f"({tasks})"
+                    f"fewer free task slots ({free} of {slots}) than resident tasks ({tasks})"
                 )
+            # Loading tasks beside the staying ones only where every executor may keep:
+            # a loading task hands its partitions to a staying task on its own host.
+            launched = min(free, partitions) if tasks >= executors else tasks
+            processes = self._processes(slots // max(executors, 1), partitions, tasks)
             plane = self._data_plane(context)
             budget = self._budget(context)
-            return ResidentData(plane, df, prepare, partitions, tasks, budget, self.tracker)
+            return ResidentData(
+                plane, df, prepare, partitions, tasks, budget, self.tracker, launched, processes
+            )
         except BaseException:
             return_slots(app, tasks)
             raise
+
+    def _processes(self, cores: int, partitions: int, tasks: int) -> int:
+        """Kernel processes per staying task: ``spark.iterflow.resident.processes`` where
+        set, else one per core of its executor, and never more than its partitions."""
+        setting = self.spark.conf.get(PROCESSES_CONF, None)
+        if setting:
+            try:
+                cores = int(setting)
+            except ValueError:
+                cores = 0
+            if cores < 1:
+                raise IterflowValueError(
+                    f"{PROCESSES_CONF}={setting!r}: use a number of processes (1 or more)"
+                )
+        return max(min(cores, -(-partitions // tasks)), 1)
 
     def _budget(self, context: SparkContext) -> ResidentBudget:
         """The run's byte budget: ``maxBytesPerExecutor`` (see ``executor_budget``) and the

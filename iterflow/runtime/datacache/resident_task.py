@@ -1,10 +1,16 @@
 """The executor side of resident rounds: the function each task of a resident job runs.
 
-A resident task reaches the driver's data plane (``dataplane``), reads its share of the
-data's partitions from the DataFrame once, reserving their bytes with the driver before
-it keeps them (data is resident whole or not at all), prepares each partition, says
-how many rows it holds, and then answers kernel calls until the driver closes its
-stream. Everything it needs arrives in its closure; see ``resident`` for the driver.
+The resident job has a task per free slot, so the data is read by every core at once.
+Each task reaches the driver's data plane (``dataplane``) and learns its role: the first
+task on an executor *keeps* that executor's partitions, the others *load* and leave.
+Every task reads its share of the data's partitions from the DataFrame once, reserving
+their bytes with the driver before it keeps them (data is resident whole or not at
+all), prepares each partition and writes it to the host's shared memory
+(``resident_share``). A loading task then hands its files to the driver and ends,
+freeing its slot. The keeping task maps its executor's files into its kernel processes
+(``resident_pool``: one per core), says how many rows it holds, and answers kernel calls
+until the driver closes its stream. Everything a task needs arrives in its closure; see
+``resident`` for the driver.
 """
 
 from __future__ import annotations
@@ -12,8 +18,6 @@ from __future__ import annotations
 import os
 import pickle
 import socket
-import time
-import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,16 +26,15 @@ import pyarrow.compute as pc
 import pyarrow.flight as flight
 from pyspark import TaskContext
 
-from iterflow.metrics._spark import captured
-from iterflow.runtime.datacache.columnar import KernelCall, Prepare
+from iterflow.runtime.datacache.columnar import Prepare
 from iterflow.runtime.datacache.dataplane import Channel, Credentials, connect
+from iterflow.runtime.datacache.resident_pool import CALL, Pool, PoolLost
+from iterflow.runtime.datacache.resident_share import forget, remove, share_dir, write
 
 #: How long a resident task tries to reach the driver's data plane.
 CONNECT_TIMEOUT_S = 10.0
 #: The column that carries each row's partition of the resident DataFrame into the job.
 PARTITION_COLUMN = "__iterflow_partition"
-#: How often a resident task running a kernel call says how many partitions it has done.
-PROGRESS_EVERY_S = 0.25
 
 
 def _split(batch: pa.RecordBatch) -> Iterator[tuple[int, pa.RecordBatch]]:
@@ -104,26 +107,6 @@ def _prepared(rows: list[pa.RecordBatch], prepare: Prepare | None, schema: pa.Sc
     return table.combine_chunks()
 
 
-def _serve(
-    call: dict[str, Any], parts: dict[int, pa.Table], report: Callable[[int], None] | None = None
-) -> dict[str, Any]:
-    """Run one kernel call over this task's partitions, in partition order; ``report(n)``
-    says ``n`` partitions are done, at most every ``PROGRESS_EVERY_S`` seconds."""
-    kernel: KernelCall = call["kernel"]
-    outputs: list[pa.RecordBatch] = []
-    reported = time.monotonic()
-    with captured(call["run_id"], call["epoch"]) as updates:
-        try:
-            for done, part in enumerate(sorted(parts), start=1):
-                outputs.extend(kernel.outputs(part, parts[part]))
-                if report is not None and time.monotonic() - reported >= PROGRESS_EVERY_S:
-                    report(done)
-                    reported = time.monotonic()
-        except Exception as error:
-            return {"error": f"{type(error).__name__}: {error}", "trace": traceback.format_exc()}
-    return {"outputs": outputs, "metrics": dict(updates)}
-
-
 def task_main(
     credentials: Credentials,
     job: str,
@@ -147,19 +130,54 @@ def task_main(
             # Said in the job's result, not by failing it: Spark would retry the task.
             yield _task_row(task, f"{credentials.location}: {str(error).splitlines()[0]}")
             return
-        parts: dict[int, pa.Table] = {}
+        role = channel.receive()  # what the driver wants of this task
+        if role is not None:
+            _play(channel, role, batches, (job, generation, prepare, schema))
+        yield _task_row(task, None)
+
+    return run
+
+
+def _play(
+    channel: Channel, role: dict[str, Any], batches: Iterator[pa.RecordBatch], load: tuple
+) -> None:
+    """Load this task's partitions and keep them (``keep``: start the kernel processes
+    first, answer calls after) or hand them to the task that keeps its executor's
+    (``load``); ``refuse`` says why neither may be."""
+    job, generation, prepare, schema = load
+    if role["role"] == "refuse":
+        channel.send({"bytes": 0, "refused": role["reason"]})
+        return
+    keeping = role["role"] == "keep"
+    pool = Pool(role["processes"]) if keeping else None
+    try:
         try:
-            parts, held = _load(batches, prepare, schema, _reserver(channel))
+            tables, held = _load(batches, prepare, schema, _reserver(channel))
+            files = _shared(job, generation, tables)
         except _Refused as refused:  # nothing is kept: the data is not resident at all
             channel.send({"bytes": 0, "refused": str(refused)})
         except Exception as error:  # prepare failed: said, not retried by Spark as a loss
             channel.send({"bytes": 0, "error": f"{type(error).__name__}: {error}"})
         else:
-            channel.send({"rows": {p: t.num_rows for p, t in parts.items()}, "bytes": held})
-        _loop(channel, parts, prepare, schema)
-        yield _task_row(task, None)
+            sizes = {part: table.nbytes for part, table in tables.items()}
+            rows = {part: table.num_rows for part, table in tables.items()}
+            said = {"rows": rows, "bytes": held, "files": files, "sizes": sizes}
+            channel.send(said if keeping else {**said, "handed": True})
+        if pool is not None:
+            _loop(channel, pool, load)
+    finally:
+        if pool is not None:
+            pool.close()
+            if keeping:
+                forget(job, generation)
 
-    return run
+
+def _shared(job: str, generation: int, tables: dict[int, pa.Table]) -> dict[int, str]:
+    """This task's prepared partitions written to the host's shared memory; their files."""
+    if not tables:
+        return {}
+    directory = share_dir(job, generation, sum(t.nbytes for t in tables.values()))
+    return {part: write(directory, part, table) for part, table in tables.items()}
 
 
 def _task_row(task: int, unreachable: str | None) -> pa.RecordBatch:
@@ -170,22 +188,45 @@ def _task_row(task: int, unreachable: str | None) -> pa.RecordBatch:
     )
 
 
-def _loop(
-    channel: Channel, parts: dict[int, pa.Table], prepare: Prepare | None, schema: pa.Schema
-) -> None:
-    """Answer the driver's messages until it closes the stream."""
+def _adopt(message: dict[str, Any], pool: Pool, load: tuple) -> dict[str, Any]:
+    """Map the partitions the driver gives this task (its own, its executor's other loading
+    tasks', and empty ones no task received rows of) into the kernel processes."""
+    job, generation, prepare, schema = load
+    files: dict[int, str] = dict(message["files"])
+    sizes: dict[int, int] = dict(message["sizes"])
+    if message["empty"]:
+        directory = share_dir(job, generation, 0)
+        for part in message["empty"]:
+            files[part] = write(directory, part, _prepared([], prepare, schema))
+            sizes[part] = 0
+    try:
+        rows = pool.open(files, sizes)
+    except PoolLost as lost:
+        return {"refused": f"the resident task's kernel processes did not start: {lost}"}
+    finally:
+        remove(list(files.values()))  # mapped: the memory goes with the last process
+    return {"rows": rows}
+
+
+def _loop(channel: Channel, pool: Pool, load: tuple) -> None:
+    """Answer the driver's messages until it closes the stream, or a kernel process ends
+    (then the stream is closed: the driver relaunches the job as for a lost task)."""
     while True:
         raw = channel.receive_bytes()
         if raw is None:
             return
+        view = memoryview(raw)
+        if view[:1] == CALL:
+            try:
+                reply = pool.call(view[1:], lambda done: channel.send({"progress": done}))
+            except PoolLost:
+                return
+            channel.send(reply)
+            continue
         try:
-            message = pickle.loads(raw)
-        except Exception as error:  # e.g. a kernel's module missing on this executor
+            message = pickle.loads(view)
+        except Exception as error:
             channel.send({"error": f"{type(error).__name__}: {error}", "trace": ""})
             continue
-        if "adopt" in message:  # partitions no task received rows of: empty ones
-            for part in message["adopt"]:
-                parts[part] = _prepared([], prepare, schema)
-            channel.send({"rows": {p: t.num_rows for p, t in parts.items()}})
-            continue
-        channel.send(_serve(message, parts, lambda done: channel.send({"progress": done})))
+        if "adopt" in message:
+            channel.send(_adopt(message["adopt"], pool, load))

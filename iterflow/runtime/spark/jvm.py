@@ -463,6 +463,14 @@ def planned_partitions(df: DataFrame) -> int | None:
         return None
 
 
+def plan_now(df: DataFrame) -> None:
+    """Make ``df``'s physical plan now, under the session's settings of this moment: the
+    action that follows reuses it (as ``union_keeps_partitions`` relies on too)."""
+    jdf = getattr(df, "_jdf", None)
+    if jdf is not None:
+        jdf.queryExecution().executedPlan()
+
+
 def task_slots(context: SparkContext) -> int:
     """Tasks the cluster runs at once now, as Spark counts them for barrier stages
     (executor cores over ``spark.task.cpus``; ``local[N]``: N)."""
@@ -472,6 +480,18 @@ def task_slots(context: SparkContext) -> int:
         return max(int(scala.maxNumConcurrentTasks(profile)), 1)
     except Exception:  # an internal method that moved: the cores Spark defaults to
         return max(int(context.defaultParallelism), 1)
+
+
+def executor_count(context: SparkContext) -> int:
+    """Executors the application has now (``local`` masters: one, the driver itself)."""
+    master = str(context.master)
+    if master == "local" or master.startswith("local["):
+        return 1
+    try:
+        known = int(context._jsc.sc().getExecutorMemoryStatus().size())
+    except Exception:  # an internal method that moved: count none, so every task may stay
+        return 1
+    return max(known - 1, 1)  # the driver's block manager is one of them
 
 
 def byte_setting(context: SparkContext, name: str, value: str) -> int:
