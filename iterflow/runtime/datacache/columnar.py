@@ -44,6 +44,7 @@ from pyspark.sql.types import IntegerType, StructType
 
 from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
 from iterflow.runtime.spark.jvm import semantic_hash, spark_context
+from iterflow.runtime.spark.planning import static_planning
 from iterflow.runtime.spark.schema import map_in_arrow
 from iterflow.storage import arrow_filesystem
 
@@ -115,6 +116,9 @@ def _writer(
         table = pa.Table.from_batches(received) if received else schema.empty_table()
         if prepare is not None:
             table = prepare(table)
+        # One batch per partition, as resident data holds it: a CombineFn sees the same
+        # batches on both paths, and kernels read each column without concatenating it.
+        table = table.combine_chunks()
         location = f"{directory.rstrip('/')}/part-{uuid.uuid4().hex}.arrow"
         fs, path = _filesystem(location)
         sink = pa.OSFile(path, "wb") if fs is None else fs.open_output_stream(path)
@@ -292,7 +296,10 @@ class ColumnarData:
         else:
             fs.create_dir(path, recursive=True)
         write = _writer(folder, prepare, _declared_arrow_schema(spark, df.schema))
-        written = map_in_arrow(df, write, "location STRING, rows LONG").collect()
+        # Planned statically, as resident data is: the partitions are the plan's own on both
+        # paths (adaptive execution would coalesce them by the sizes of the moment).
+        with static_planning(spark):
+            written = map_in_arrow(df, write, "location STRING, rows LONG").collect()
         return cls(spark, [r["location"] for r in written], sum(r["rows"] for r in written), folder)
 
     @property

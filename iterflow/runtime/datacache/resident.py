@@ -250,7 +250,12 @@ class ResidentData:
         self._streams, self._keepers, self._loaders = {}, {}, {}
         generation = self._generation
         function = task_main(
-            self.plane.credentials, self.job, generation, self._prepare, self._schema
+            self.plane.credentials,
+            self.job,
+            generation,
+            self._prepare,
+            self._schema,
+            self.processes,
         )
         mapped = map_in_arrow(self._input, function, "task INT, unreachable STRING")
         # Planned as the partitions were counted: adaptive execution could coalesce them.
@@ -305,7 +310,7 @@ class ResidentData:
         if keeper is None and len(self._keepers) < self.tasks:
             self._keepers[stream.executor] = stream.task
             self._streams[stream.task] = stream
-            return {"role": "keep", "processes": self.processes}
+            return {"role": "keep"}
         self._loaders[stream.task] = stream
         if keeper is not None:
             return {"role": "load"}

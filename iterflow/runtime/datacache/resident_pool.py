@@ -8,7 +8,9 @@ however many processes read it. A kernel call goes to every process at once; eac
 the kernel on its own partitions and sends back the outputs and the metric updates,
 and the task hands them to the driver as one reply.
 
-With one core the task runs the kernels itself (no process is started). A process
+With one core the task runs the kernels itself (no process is started). The processes
+are forked by the task before it opens any connection, so they start in milliseconds
+with every module the task has. A process
 that dies ends the pool: the task then closes its stream, and the driver relaunches
 the resident job as for any lost task. A process also ends when the task goes away
 (its end of the socket closes), so none outlives the task.
@@ -16,9 +18,10 @@ the resident job as for any lost task. A process also ends when the task goes aw
 
 from __future__ import annotations
 
+import contextlib
 import os
-import subprocess
-import sys
+import signal
+import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -81,15 +84,15 @@ class Pool:
 
     def __init__(self, processes: int) -> None:
         self.processes = max(int(processes), 1)
-        self._workers: list[tuple[subprocess.Popen[bytes], Connection]] = []
+        self._workers: list[tuple[int, Connection]] = []
         self._own: dict[int, pa.Table] = {}  # the partitions the task serves itself
-        if self.processes > 1:
-            self._workers = [_spawn() for _ in range(self.processes)]
+        for _ in range(self.processes if self.processes > 1 else 0):
+            self._workers.append(_fork([conn.fileno() for _, conn in self._workers]))
 
     @property
     def pids(self) -> list[int]:
         """The process ids of the pool's processes (none when the task runs kernels itself)."""
-        return [process.pid for process, _ in self._workers]
+        return [pid for pid, _ in self._workers]
 
     def open(self, files: dict[int, str], sizes: dict[int, int]) -> dict[int, int]:
         """Map the partitions' files into the processes; their row counts by partition."""
@@ -148,31 +151,40 @@ class Pool:
     def close(self) -> None:
         """End the processes (they also end by themselves when the task goes away)."""
         self._own = {}
-        for process, conn in self._workers:
-            conn.close()
-            try:
-                process.wait(timeout=5.0)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        for _, conn in self._workers:
+            conn.close()  # a process ends when it reads the end of its socket
+        deadline = time.monotonic() + 5.0
+        for pid, _ in self._workers:
+            while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG) == (0, 0):
+                time.sleep(0.01)
+            if time.monotonic() >= deadline:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
         self._workers = []
 
 
-def _spawn() -> tuple[subprocess.Popen[bytes], Connection]:
-    """Start one kernel process, connected by a socket pair; it imports what the task can
-    (the task's ``sys.path``), so kernels pickled by reference load there too."""
-    import socket
-
+def _fork(inherited: list[int]) -> tuple[int, Connection]:
+    """Fork one kernel process, connected by a socket pair. A fork has every module the
+    task imported (kernels pickled by reference load there too) and starts in
+    milliseconds; it closes the task's ends of its siblings' sockets (``inherited``), so
+    each process sees its own socket close when the task goes away."""
     ours, theirs = socket.socketpair()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    process = subprocess.Popen(
-        [sys.executable, "-c", f"from {__name__} import main; main({theirs.fileno()})"],
-        pass_fds=[theirs.fileno()],
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
+    pid = os.fork()
+    if pid == 0:  # the kernel process: it never returns into the task's code
+        status = 0
+        try:
+            ours.close()
+            for fd in inherited:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            main(theirs.detach())
+        except BaseException:
+            status = 1
+        finally:
+            os._exit(status)
     theirs.close()
-    return process, Connection(ours.detach())
+    return pid, Connection(ours.detach())
 
 
 def main(fd: int) -> None:

@@ -113,8 +113,10 @@ def task_main(
     generation: int,
     prepare: Prepare | None,
     schema: pa.Schema,
+    processes: int = 1,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The function of the resident job's tasks (``mapInArrow``)."""
+    """The function of the resident job's tasks (``mapInArrow``); a staying task runs its
+    kernels on ``processes`` processes."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         context = TaskContext.get()
@@ -124,52 +126,60 @@ def task_main(
         executor = f"{host}, Python daemon {os.getppid()}"
         hello = {"job": job, "generation": generation, "task": task, "pid": os.getpid()}
         hello.update(host=host, executor=executor)
+        # Forked before any connection exists: a fork of a process with network threads
+        # would inherit their locks. A task that turns out to load only ends them.
+        pool = Pool(processes)
         try:
-            channel = connect(credentials, hello, CONNECT_TIMEOUT_S)
-        except (flight.FlightUnavailableError, flight.FlightTimedOutError) as error:
-            # Said in the job's result, not by failing it: Spark would retry the task.
-            yield _task_row(task, f"{credentials.location}: {str(error).splitlines()[0]}")
-            return
-        role = channel.receive()  # what the driver wants of this task
-        if role is not None:
-            _play(channel, role, batches, (job, generation, prepare, schema))
+            try:
+                channel = connect(credentials, hello, CONNECT_TIMEOUT_S)
+            except (flight.FlightUnavailableError, flight.FlightTimedOutError) as error:
+                # Said in the job's result, not by failing it: Spark would retry the task.
+                yield _task_row(task, f"{credentials.location}: {str(error).splitlines()[0]}")
+                return
+            role = channel.receive()  # what the driver wants of this task
+            if role is not None:
+                _play(channel, role, batches, pool, (job, generation, prepare, schema))
+        finally:
+            pool.close()
         yield _task_row(task, None)
 
     return run
 
 
 def _play(
-    channel: Channel, role: dict[str, Any], batches: Iterator[pa.RecordBatch], load: tuple
+    channel: Channel,
+    role: dict[str, Any],
+    batches: Iterator[pa.RecordBatch],
+    pool: Pool,
+    load: tuple,
 ) -> None:
-    """Load this task's partitions and keep them (``keep``: start the kernel processes
-    first, answer calls after) or hand them to the task that keeps its executor's
-    (``load``); ``refuse`` says why neither may be."""
+    """Load this task's partitions and keep them (``keep``: answer kernel calls after) or
+    hand them to the task that keeps its executor's (``load``); ``refuse`` says why
+    neither may be."""
     job, generation, prepare, schema = load
     if role["role"] == "refuse":
         channel.send({"bytes": 0, "refused": role["reason"]})
         return
     keeping = role["role"] == "keep"
-    pool = Pool(role["processes"]) if keeping else None
+    if not keeping:
+        pool.close()  # its processes are not needed
     try:
+        tables, held = _load(batches, prepare, schema, _reserver(channel))
+        files = _shared(job, generation, tables)
+    except _Refused as refused:  # nothing is kept: the data is not resident at all
+        channel.send({"bytes": 0, "refused": str(refused)})
+    except Exception as error:  # prepare failed: said, not retried by Spark as a loss
+        channel.send({"bytes": 0, "error": f"{type(error).__name__}: {error}"})
+    else:
+        sizes = {part: table.nbytes for part, table in tables.items()}
+        rows = {part: table.num_rows for part, table in tables.items()}
+        said = {"rows": rows, "bytes": held, "files": files, "sizes": sizes}
+        channel.send(said if keeping else {**said, "handed": True})
+    if keeping:
         try:
-            tables, held = _load(batches, prepare, schema, _reserver(channel))
-            files = _shared(job, generation, tables)
-        except _Refused as refused:  # nothing is kept: the data is not resident at all
-            channel.send({"bytes": 0, "refused": str(refused)})
-        except Exception as error:  # prepare failed: said, not retried by Spark as a loss
-            channel.send({"bytes": 0, "error": f"{type(error).__name__}: {error}"})
-        else:
-            sizes = {part: table.nbytes for part, table in tables.items()}
-            rows = {part: table.num_rows for part, table in tables.items()}
-            said = {"rows": rows, "bytes": held, "files": files, "sizes": sizes}
-            channel.send(said if keeping else {**said, "handed": True})
-        if pool is not None:
             _loop(channel, pool, load)
-    finally:
-        if pool is not None:
-            pool.close()
-            if keeping:
-                forget(job, generation)
+        finally:
+            forget(job, generation)
 
 
 def _shared(job: str, generation: int, tables: dict[int, pa.Table]) -> dict[int, str]:
