@@ -111,7 +111,7 @@ from pyspark.sql import functions as F
 
 import iterflow as itf
 from iterflow.graph import Graph
-from iterflow.runtime.datacache.resident_policy import RESIDENT_CONF
+from iterflow.runtime.datacache.resident_policy import PROCESSES_CONF, RESIDENT_CONF
 
 TARGET_PAGERANK = 0.5  # iterflow resident / (GraphX warm load + PageRank.run)
 TARGET_KMEANS = 0.6  # iterflow resident / MLlib from the same centroids
@@ -193,6 +193,32 @@ def round_figures(summary: dict[str, Any], variant: str) -> dict[str, Any]:
 # -- 1. PageRank ---------------------------------------------------------------------
 
 
+def _drain(batches: Any) -> Any:
+    """``mapInArrow`` function: read every batch, return one row of their count."""
+    rows = sum(batch.num_rows for batch in batches)
+    yield pa.RecordBatch.from_pydict({"rows": [rows]})
+
+
+def scan_s(spark: SparkSession, df: DataFrame, repetitions: int = 3) -> dict[str, Any]:
+    """One scan of the cached ``df`` into Python by all cores (a task per partition, every
+    batch read as Arrow and dropped): what round 0 is measured against."""
+    times = []
+    for _ in range(repetitions):
+        clock = time.perf_counter()
+        df.mapInArrow(_drain, "rows LONG").collect()
+        times.append(time.perf_counter() - clock)
+    return {"s_median": median(times), "s": times}
+
+
+def round0_against_scan(summary: dict[str, Any], scan: dict[str, Any]) -> None:
+    """Record the scan and round 0 of each iterflow variant over it."""
+    summary["scan"] = scan
+    for variant in MODES:
+        summary[f"ratio_{variant}_round0_over_scan"] = (
+            summary[variant]["round0_s_median"] / scan["s_median"]
+        )
+
+
 def pagerank_comparison(
     spark: SparkSession, n: int, m: int, repetitions: int, tmp: Path
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -268,6 +294,7 @@ def pagerank_comparison(
         summary["resident"]["round_s_median"] / summary["off"]["round_s_median"]
     )
     summary["graphx"]["s_per_round_median"] = summary["graphx"]["s_median"] / rounds
+    round0_against_scan(summary, scan_s(spark, edges))
     jgraph.unpersist(True)
     edges.unpersist()
     vertices.unpersist()
@@ -324,6 +351,7 @@ def kmeans_comparison(spark: SparkSession, n: int, repetitions: int) -> dict[str
         summary["resident"]["round_s_median"] / summary["off"]["round_s_median"]
     )
     summary["inputs"] = {"points": n, "dims": bench_ml.DIMS, "k": bench_ml.K, "build_s": build_s}
+    round0_against_scan(summary, scan_s(spark, arrays))
     vectors.unpersist()
     arrays.unpersist()
     return summary
@@ -393,6 +421,7 @@ def logistic_comparison(spark: SparkSession, n: int, repetitions: int) -> dict[s
         summary["resident"]["round_s_median"] / summary["off"]["round_s_median"]
     )
     summary["inputs"] = inputs
+    round0_against_scan(summary, scan_s(spark, columns))
     assembled.unpersist()
     columns.unpersist()
     return summary
@@ -528,7 +557,12 @@ def noop_comparison(spark: SparkSession, rounds: int, repetitions: int) -> dict[
 
 
 def main() -> None:
-    args = parse_args(__doc__.splitlines()[0])
+    args = parse_args(
+        __doc__.splitlines()[0],
+        one_process="run each resident task's kernels in the task itself "
+        "(spark.iterflow.resident.processes=1), the policy before kernel processes; "
+        "writes bench_resident.one_process.json",
+    )
     if args.quick:
         n, m, points, rows, noop_rounds, repetitions = 10_000, 100_000, 100_000, 100_000, 20, 1
     else:
@@ -542,6 +576,8 @@ def main() -> None:
         )
     started = time.perf_counter()
     spark = start_session()
+    if args.one_process:
+        spark.conf.set(PROCESSES_CONF, "1")
     tmp = Path(tempfile.mkdtemp(prefix="iterflow-bench-resident-"))
     try:
         graph, pr = pagerank_comparison(spark, n, m, repetitions, tmp)
@@ -653,6 +689,12 @@ def main() -> None:
                 )
             )
         rows_out.append((f"{label}: round, resident / off", s["ratio_resident_over_off_round"]))
+        rows_out.append(
+            (
+                f"{label}: scan of the input (s); round 0 / scan, resident (target <= 1.5)",
+                f"{s['scan']['s_median']:.3f}; {s['ratio_resident_round0_over_scan']:.2f}",
+            )
+        )
     rows_out += [
         ("PageRank: resident ranks == off ranks", pr["check"]["resident_equals_off"]),
         (
@@ -683,11 +725,12 @@ def main() -> None:
     )
     finish(
         spark,
-        "bench_resident",
+        "bench_resident.one_process" if args.one_process else "bench_resident",
         args.quick,
         results,
         resident_modes=MODES,
-        resident_tasks="1 (local[2]: at most half of the 2 task slots)",
+        resident_tasks="1 (local[2]: one per executor, at most half of the 2 task slots)",
+        kernel_processes_per_task="1" if args.one_process else "2 (one per core)",
         pagerank_vertices=n,
         pagerank_edges=m,
         pagerank_rounds=bench_graph.ROUNDS,

@@ -107,6 +107,8 @@ def run(
         "kernel_rows": [p.metrics["kernel_rows"] for p in result.history],
         "resident": [p.resident for p in result.history],
         "tasks": getattr(data, "tasks", 0),
+        "launched": getattr(data, "launched", 0),
+        "processes": getattr(data, "processes", 0),
         "launches": getattr(data, "launches", 0),
         "location": data.plane.location if hasattr(data, "plane") else None,
         "executors": len(executors),

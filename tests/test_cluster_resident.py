@@ -31,6 +31,9 @@ def test_a_skewed_partition_is_held_whole_and_every_row_reaches_the_kernels(clus
     tasks' bytes, within its executor's budget. Every round's kernels see all 607,000 rows."""
     skewed = cluster["skewed"]
     assert cluster["partitions"] == 8 and skewed["tasks"] == 3
+    # one task stays on each executor and runs kernels on both its cores; the load ran on
+    # all six slots, three tasks handing their partitions over on their own host
+    assert skewed["executors"] == 3 and skewed["processes"] == 2 and skewed["launched"] == 6
     assert skewed["resident"] == [True] * 3
     assert skewed["kernel_rows"] == [ROWS] * 3
     assert skewed["rows"] == ROWS and skewed["total"] == TOTAL
