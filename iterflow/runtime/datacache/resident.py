@@ -1,9 +1,10 @@
 """Resident rounds: data kept in the memory of long-running Spark tasks.
 
 ``RoundContext.columnar(df)`` makes ``df`` resident where it can: one Spark job
-(the *resident job*) starts a few long-running tasks; each reads its share of the
-partitions of ``df`` once, straight from the DataFrame (no files, no shared
-storage), runs ``prepare`` on every partition and keeps the tables. From then on
+(the *resident job*) starts long-running tasks; each reads its share of the
+partitions of ``df`` once, straight from the DataFrame (no files on shared
+storage), runs ``prepare`` on every partition and keeps the tables (in its host's
+shared memory, one task per executor). From then on
 every ``map(kernel, ...)`` is a message, not a Spark job: the driver pickles the
 kernel and its arguments, sends them to every resident task over the data plane
 (``iterflow.runtime.datacache.dataplane``), and the tasks send back the kernels' outputs,
@@ -28,12 +29,15 @@ Slots and memory: resident tasks hold their task slots and their memory for the
 whole run, while a round may also run ordinary Spark jobs (DataFrame steps,
 observations, checkpoint writes). The driver keeps one ledger per SparkContext
 (``iterflow.runtime.datacache.ledger``): the resident tasks of every run together,
-nested and concurrent runs included, take at most half the task slots (one task on
-``local[2]``, four on ``local[8]``; with fewer than two slots nothing is made
-resident), and hold at most ``spark.iterflow.resident.maxBytesPerExecutor`` bytes on
-an executor (``executor_budget``). A loading task reserves its bytes with the driver
-before it keeps them, so data is resident whole or not at all. A resident task runs
-the kernels of its partitions one after another.
+nested and concurrent runs included, take at most half the task slots (with fewer than two
+slots nothing is made resident), and hold at most
+``spark.iterflow.resident.maxBytesPerExecutor`` bytes on an executor
+(``executor_budget``). One task stays per executor (one on ``local[2]``), and runs
+its partitions' kernels on a process per core of its executor (``resident_pool``).
+The load runs on every free slot: the tasks beyond one per executor write their
+prepared partitions to the host's shared memory (``resident_share``) and hand them
+to the staying task (``resident_task``). A loading task reserves its bytes with the
+driver before it keeps them, so data is resident whole or not at all.
 
 Failures: when a resident task is lost (its Python worker killed, its executor
 gone) the call in progress is abandoned, the resident job is relaunched (its
