@@ -542,3 +542,52 @@ def test_a_damaged_commit_is_an_error_not_a_silent_step_back(spark, tmp_path):
     driver.write_bytes(driver.read_bytes()[:-1])  # one byte short of what was committed
     with pytest.raises(IterflowError, match=r"epoch 1 .* committed but is damaged"):
         start()
+
+
+def weighted_sum_body() -> itf.IterationBody:
+    """total += sum(x) + sum(w): w from a data input bound once (resident), x from the
+    stream's micro-batch (a job of the epoch). Kernels defined here travel by value."""
+    import pyarrow as pa
+
+    def column_total(table):
+        return pa.table({"w": [int(sum(table["w"].to_pylist()))]})
+
+    def added(batches):
+        yield pa.RecordBatch.from_pydict({"w": [sum(sum(b["w"].to_pylist()) for b in batches)]})
+
+    def total_of(data):
+        mapped = data.map(column_total, "w LONG", combine=added, combine_schema="w LONG")
+        return itf.to_arrow(mapped)["w"][0].as_py()
+
+    @itf.body
+    def weighted_sum(total, numbers, weights, ctx):
+        weight = total_of(ctx.columnar(weights))
+        added_now = total_of(ctx.columnar(numbers.select(F.col("x").alias("w"))))
+        new_total = total.select((F.col("total") + F.lit(weight + added_now)).alias("total"))
+        return itf.Declaration(feedback={"total": new_total}, outputs={"total": new_total})
+
+    return weighted_sum
+
+
+def test_data_bound_once_is_resident_in_an_unbounded_run_and_a_stream_runs_as_jobs(
+    spark, tmp_path
+):
+    files = [[1, 2, 3], [10, 20], [100]]
+    write_numbers(tmp_path / "in", files)
+    weights = spark.range(0, 1000, 1, 4).select(F.col("id").alias("w"))
+    log = tmp_path / "events.jsonl"
+    seen: list[int] = []
+    query = (
+        itf.UnboundedIteration(weighted_sum_body())
+        .bind("total", spark.createDataFrame([(0,)], "total long"), state=True)
+        .bind("numbers", numbers_stream(spark, tmp_path / "in"))
+        .bind("weights", weights)
+        .listen(lambda end: seen.append(end.outputs["total"].first()["total"]))
+        .start(checkpoint_location=str(tmp_path / "ckpt"), available_now=True, event_log=log)
+    )
+    assert query.await_termination(timeout=180)
+    w = sum(range(1000))
+    assert seen == list(itertools.accumulate(sum(f) + w for f in files))
+    assert [p.resident for p in query.progress] == [True] * len(files)
+    started = next(e for e in read_events(str(log)) if e["event"] == "iteration_started")
+    assert started["resident"] == {"mode": "resident", "reason": None}

@@ -36,11 +36,12 @@ from iterflow.reports import Termination
 from iterflow.runtime.checkpoint.output_sinks import Sink
 from iterflow.runtime.checkpoint.writer import Checkpointing
 from iterflow.runtime.datacache.driver_variables import DRIVER_ROWS
+from iterflow.runtime.datacache.resident_policy import ResidentPolicy
 from iterflow.runtime.progresstrack.observers import RunObservers
 from iterflow.runtime.round.cycle import LoopState, RoundCycle
 from iterflow.runtime.round.declaration import DeclarationCheck
 from iterflow.runtime.round.scope import CacheRegistry
-from iterflow.runtime.spark.jvm import in_session
+from iterflow.runtime.spark.jvm import in_session, plan_leaves
 from iterflow.unbounded import epoch_log
 from iterflow.unbounded.committer import Committer
 from iterflow.unbounded.epoch_log import Committed, EpochLog
@@ -145,7 +146,9 @@ class EpochLoop:
             observers=observers,
             recent=RECENT_EPOCHS if options.keep_history is None else options.keep_history,
         )
-        self.cycle = RoundCycle(self.loop, CacheRegistry(), options.driver_rows)
+        residency = ResidentPolicy(spark, observers.tracker)
+        caches = CacheRegistry(residency, changing=self._changing)
+        self.cycle = RoundCycle(self.loop, caches, options.driver_rows)
         self.pending: dict[str, DataFrame] = {}  # the variables the next epoch reads
         self.epoch = -1
         self.batch_id = -1
@@ -169,6 +172,27 @@ class EpochLoop:
             sinks=self.sinks,
             event_time=event_time,
         )
+
+    def _changing(self, df: DataFrame) -> str | None:
+        """Why ``df`` is read anew every epoch, or None when it comes only from data
+        inputs bound once (not a stream, not a variable fed back): such data is loaded
+        into resident tasks once for the whole run."""
+        bound_once = [
+            frame
+            for name, frame in self.inputs.items()
+            if name not in self.streams
+            and name not in self.state_names
+            and name not in self.pending
+        ]
+        leaves = plan_leaves(df)
+        known = frozenset().union(*(plan_leaves(frame) or frozenset() for frame in bound_once))
+        if leaves is None or not leaves or not leaves <= known:
+            return (
+                "ctx.columnar data that reads a stream or a variable changes every epoch: its "
+                "kernels run as a Spark job of the epoch (only data inputs bound once are "
+                "made resident)"
+            )
+        return None
 
     @property
     def committed_epoch(self) -> int:

@@ -287,7 +287,7 @@ def _started(
     try:
         resumed_from = loop.restore()
         _check_stream_checkpoint(loop, loop.spark, location, resumed_from)
-        loop.loop.observers.started(inputs, set(), (), resumed_from)
+        loop.loop.observers.started(inputs, set(), (), resumed_from, resident=True)
         writer = (
             combined({name: inputs[name] for name in loop.streams})
             .writeStream.foreachBatch(loop.on_batch)

@@ -81,7 +81,7 @@ class ResidentPolicy:
     """Decides, per run, whether data is made resident, and owns the run's data plane;
     reports the run's residency, and its kernel calls' progress, to the run's ``tracker``.
 
-    ``unavailable`` is a reason known before any data is seen (an unbounded run, say).
+    ``unavailable`` is a reason known before any data is seen.
     """
 
     def __init__(

@@ -32,8 +32,8 @@ class Residency:
         return {"mode": self.mode, "reason": self.reason}
 
 
-#: The residency of a run that has no resident policy.
-UNBOUNDED = Residency("jobs", "unbounded iterations run kernels as Spark jobs of each epoch")
+#: The residency of a run until its resident policy says otherwise.
+UNDECIDED = Residency("jobs", "no resident policy decided how the run's kernels run")
 
 
 @attrs.define
@@ -71,7 +71,7 @@ class RoundTracker:
         self._lock = threading.Lock()
         self._on_decided = on_decided
         #: The run's residency: the decided one, or what it is until something decides.
-        self.residency = UNBOUNDED
+        self.residency = UNDECIDED
         self.decided = False
 
     def begin(self, epoch: int) -> RoundSteps:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from pyspark.sql import DataFrame, Observation
@@ -32,10 +33,17 @@ class CacheRegistry:
     (``iterflow.runtime.datacache.resident``), and written as Arrow files otherwise.
     """
 
-    def __init__(self, residency: ResidentPolicy | None = None) -> None:
+    def __init__(
+        self,
+        residency: ResidentPolicy | None = None,
+        changing: Callable[[DataFrame], str | None] | None = None,
+    ) -> None:
         self._owned: dict[str, list[DataFrame]] = {"round": [], "iteration": []}
         self._columnar: dict[int, ColumnarData | ResidentData] = {}
         self.residency = residency
+        #: Why data is read anew every epoch (from a stream's micro-batch, say), or None
+        #: when it stays the same for the whole run: only such data is made resident.
+        self.changing = changing
 
     def columnar(
         self, df: DataFrame, prepare: Prepare | None, resident: bool = True
@@ -45,11 +53,14 @@ class CacheRegistry:
         key = plan_key(df)
         if key not in self._columnar:
             loaded = None
+            changes = self.changing(df) if self.changing is not None else None
             if self.residency is not None:
-                if resident:
+                if resident and changes is None:
                     loaded = self.residency.load(df, prepare)
                 else:
-                    self.residency.decline("ctx.columnar(..., resident=False) asked for files")
+                    self.residency.decline(
+                        changes or "ctx.columnar(..., resident=False) asked for files"
+                    )
             self._columnar[key] = loaded or ColumnarData.write(df, prepare)
         data = self._columnar[key]
         if not resident and isinstance(data, ResidentData):
