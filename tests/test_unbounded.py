@@ -569,9 +569,7 @@ def weighted_sum_body() -> itf.IterationBody:
     return weighted_sum
 
 
-def test_data_bound_once_is_resident_in_an_unbounded_run_and_a_stream_runs_as_jobs(
-    spark, tmp_path
-):
+def test_data_bound_once_is_resident_in_an_unbounded_run_and_a_stream_runs_as_jobs(spark, tmp_path):
     files = [[1, 2, 3], [10, 20], [100]]
     write_numbers(tmp_path / "in", files)
     weights = spark.range(0, 1000, 1, 4).select(F.col("id").alias("w"))
