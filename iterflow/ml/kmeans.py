@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import scipy.sparse
 from pyspark.ml import Model
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (
@@ -41,7 +42,15 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StructField, StructType
 
 import iterflow as itf
-from iterflow.ml.features import Features, features_of, matrix, used_rows, weights
+from iterflow.ml.features import (
+    Features,
+    block_rows,
+    features_of,
+    matrix,
+    prepared_matrix,
+    used_rows,
+    weights,
+)
 from iterflow.ml.params import (
     SavedModel,
     TrainingSummary,
@@ -69,21 +78,34 @@ def feature_matrix(spec: Features, weight: str | None = None) -> Callable[[pa.Ta
 
 
 def points_of(data: pa.Table | pa.RecordBatch, dims: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """The ``(rows, dims)`` points of a prepared table or batch, and its weights (or None)."""
-    x = data.column("x")
-    flat = (x.combine_chunks() if isinstance(x, pa.ChunkedArray) else x).flatten()
+    """The ``(rows, dims)`` points of a prepared table or batch, and its weights (or None):
+    views of its buffers, not copies."""
     weights = data.column("v").to_numpy() if "v" in data.schema.names else None
-    return flat.to_numpy().reshape(-1, dims), weights
+    return prepared_matrix(data, "x", dims), weights
 
 
 def nearest(points: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Index of the nearest centroid of every point (the first on a tie), and the squared
     distance to it."""
+    rows, k = len(points), len(centroids)
+    chosen = np.empty(rows, dtype=np.intp)
+    distance = np.empty(rows)
     # |x - c|^2 = |x|^2 - 2 x.c + |c|^2, and |x|^2 is the same for every centroid.
-    scores = (centroids**2).sum(axis=1) - 2.0 * points @ centroids.T
-    chosen = np.argmin(scores, axis=1)
-    best = scores[np.arange(len(points)), chosen]
-    return chosen, np.maximum(best + np.einsum("ij,ij->i", points, points), 0.0)
+    # x.(-2c) is exactly -2 (x.c): one product, no scaling pass over the scores.
+    lengths = (centroids**2).sum(axis=1)
+    scaled = (-2.0 * centroids).T
+    # Block by block (8,192 rows at k = d = 16), so that the scores never leave the cache.
+    step = block_rows(k + points.shape[1])
+    scores = np.empty((min(step, rows), k))
+    for start in range(0, rows, step):
+        block = points[start : start + step]
+        part = np.matmul(block, scaled, out=scores[: len(block)])
+        part += lengths
+        best = np.argmin(part, axis=1, out=chosen[start : start + len(block)])
+        near = np.take_along_axis(part, best[:, None], axis=1)[:, 0]
+        near += np.einsum("ij,ij->i", block, block)
+        np.maximum(near, 0.0, out=distance[start : start + len(block)])
+    return chosen, distance
 
 
 def cluster_sums(
@@ -92,13 +114,18 @@ def cluster_sums(
     """Per cluster, the (weighted) sum ``(k, dims)`` and the number (total weight) ``(k,)``
     of the points nearest to its centroid, and the cost of the points (the sum of their
     weighted squared distances)."""
-    k = len(centroids)
+    k, rows = len(centroids), len(points)
     chosen, distance = nearest(points, centroids)
-    member = np.zeros((len(points), k))  # one-hot: point i belongs to cluster chosen[i]
-    member[np.arange(len(points)), chosen] = 1.0 if weights is None else weights
+    # The sums are one sparse product: column i of the (k, rows) one-hot matrix holds point
+    # i's weight in row chosen[i] (CSC, built from the labels as they are: no sort, no
+    # dense (rows, k) matrix).
+    member = scipy.sparse.csc_array(
+        (np.ones(rows) if weights is None else weights, chosen, np.arange(rows + 1)),
+        shape=(k, rows),
+    )
     counts = np.bincount(chosen, weights=weights, minlength=k)
     cost = distance if weights is None else distance * weights
-    return member.T @ points, counts, float(cost.sum())
+    return np.asarray(member @ points), counts, float(cost.sum())
 
 
 def partial_sums(table: pa.Table, centroids: np.ndarray) -> pa.Table:
