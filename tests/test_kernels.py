@@ -69,6 +69,10 @@ def test_cluster_sums_match_point_by_point_sums(rows, weighted):
     assert close(sums, want_sums) and close(counts, want_counts) and close(cost, want_cost)
     assert counts[5] == 0 and not sums[5].any()
     assert np.array_equal(nearest(points, centroids)[0], chosen)
+    # The squared lengths that prepare takes once give the same sums and cost to the bit.
+    squares = np.einsum("ij,ij->i", points, points)
+    again = cluster_sums(points, centroids, weights, squares)
+    assert all(np.array_equal(a, b) for a, b in zip(again, (sums, counts, cost), strict=True))
 
 
 def test_ties_go_to_the_first_centroid_in_every_block():
@@ -117,6 +121,7 @@ def test_prepared_points_are_read_without_a_copy():
     spec = Features(tuple(f"f{j}" for j in range(4)), "columns", 4)
     # A resident task keeps combine_chunks() of what prepare made; kernels read it every round.
     prepared = feature_matrix(spec, "w")(table).combine_chunks()
+    assert np.allclose(prepared["x2"].to_numpy(), (x * x).sum(axis=1), rtol=1e-15)
     for data in (prepared, prepared.to_batches()[0]):
         points, weights = points_of(data, 4)
         assert np.array_equal(points, x) and points.flags.c_contiguous
