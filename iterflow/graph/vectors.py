@@ -5,13 +5,21 @@ by the position of each vertex id in the vertex id array, and edges as Arrow fil
 
 from __future__ import annotations
 
-from typing import Any
+import weakref
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from iterflow.graph.graphs import Graph, GraphError, stray_ends
+
+T = TypeVar("T")
+
+#: What ``built_once`` made, by (table identity, build): the weak reference to the table,
+#: and the value. An entry goes when its table does.
+_BUILT: dict[tuple[Any, ...], tuple[weakref.ref[pa.Table], Any]] = {}
 
 
 def vertex_ids(g: Graph) -> pa.Array:
@@ -35,3 +43,22 @@ def edge_positions(table: pa.Table, ids: pa.Array) -> tuple[np.ndarray, np.ndarr
 def cell_values(column: Any, row: int = 0) -> np.ndarray:
     """The vector in list cell ``row`` of an Arrow list column, as numpy."""
     return column[row].values.to_numpy()
+
+
+def built_once(table: pa.Table, build: Callable[..., T], *args: Hashable) -> T:
+    """``build(table, *args)``, made once per process for each prepared table (and ``args``)
+    and kept while the table lives: a kernel's own structure over data that a run holds
+    unchanged in every round (prepared tables are immutable, and the same object from
+    round to round)."""
+    key = (id(table), build, *args)
+    held = _BUILT.get(key)
+    if held is not None and held[0]() is table:
+        return held[1]
+
+    def forget(ref: weakref.ref[pa.Table]) -> None:
+        if _BUILT.get(key, (None,))[0] is ref:
+            del _BUILT[key]
+
+    value = build(table, *args)
+    _BUILT[key] = (weakref.ref(table, forget), value)
+    return value

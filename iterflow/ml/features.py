@@ -199,6 +199,28 @@ def matrix(table: pa.Table, spec: Features) -> np.ndarray:
     return _vectors(column, spec)
 
 
+#: About how many bytes of rows one block of a kernel takes: small enough to stay in a
+#: core's cache between the block's matrix product and the passes over its results, large
+#: enough that the product runs at BLAS speed (benchmarks/bench_kernels.py).
+BLOCK_BYTES = 1 << 21
+
+
+def block_rows(width: int) -> int:
+    """Rows per block of a kernel over ``width`` float64 values per row: a multiple of 64, so
+    that BLAS splits a block's rows as it splits those of the whole matrix."""
+    return max(64, BLOCK_BYTES // (8 * max(width, 1)) // 64 * 64)
+
+
+def prepared_matrix(data: pa.Table | pa.RecordBatch, name: str, dims: int) -> np.ndarray:
+    """Column ``name`` of a prepared table or batch (fixed-size lists of ``dims`` float64,
+    no nulls) as a read-only ``(rows, dims)`` view of its buffer: kernels read it every
+    round, so it is no copy when the column is one chunk (a resident table, an Arrow file)."""
+    column = data.column(name)
+    if isinstance(column, pa.ChunkedArray):
+        column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    return column.flatten().to_numpy().reshape(-1, dims)
+
+
 def _vectors(column: pa.StructArray, spec: Features) -> np.ndarray:
     """Vector structs (``type`` 0 sparse, 1 dense) scattered into a dense matrix."""
     rows = len(column)

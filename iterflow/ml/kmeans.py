@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import scipy.sparse
 from pyspark.ml import Model
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (
@@ -41,7 +42,15 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StructField, StructType
 
 import iterflow as itf
-from iterflow.ml.features import Features, features_of, matrix, used_rows, weights
+from iterflow.ml.features import (
+    Features,
+    block_rows,
+    features_of,
+    matrix,
+    prepared_matrix,
+    used_rows,
+    weights,
+)
 from iterflow.ml.params import (
     SavedModel,
     TrainingSummary,
@@ -56,11 +65,15 @@ PARTIAL_SCHEMA = "sums ARRAY<DOUBLE>, counts ARRAY<LONG>, cost DOUBLE"
 
 def feature_matrix(spec: Features, weight: str | None = None) -> Callable[[pa.Table], pa.Table]:
     """A ``columnar`` prepare step: the features as ``x`` (one fixed-size list of float64
-    per row), and the row weights ``v`` when ``weight`` names a column."""
+    per row), their squared length ``x2`` (the same in every round, so taken once), and the
+    row weights ``v`` when ``weight`` names a column."""
 
     def prepare(table: pa.Table) -> pa.Table:
         x = matrix(table, spec)
-        columns = {"x": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), spec.dims)}
+        columns = {
+            "x": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), spec.dims),
+            "x2": pa.array(np.einsum("ij,ij->i", x, x)),
+        }
         if weight is not None:
             columns["v"] = pa.array(weights(table, weight))
         return pa.table(columns)
@@ -69,36 +82,77 @@ def feature_matrix(spec: Features, weight: str | None = None) -> Callable[[pa.Ta
 
 
 def points_of(data: pa.Table | pa.RecordBatch, dims: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """The ``(rows, dims)`` points of a prepared table or batch, and its weights (or None)."""
-    x = data.column("x")
-    flat = (x.combine_chunks() if isinstance(x, pa.ChunkedArray) else x).flatten()
+    """The ``(rows, dims)`` points of a prepared table or batch, and its weights (or None):
+    views of its buffers, not copies."""
     weights = data.column("v").to_numpy() if "v" in data.schema.names else None
-    return flat.to_numpy().reshape(-1, dims), weights
+    return prepared_matrix(data, "x", dims), weights
 
 
-def nearest(points: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def nearest(
+    points: np.ndarray, centroids: np.ndarray, squares: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Index of the nearest centroid of every point (the first on a tie), and the squared
-    distance to it."""
+    distance to it; ``squares``, every point's squared length, when it is known."""
+    rows, k = len(points), len(centroids)
+    chosen = np.empty(rows, dtype=np.int32 if rows < 2**31 else np.intp)
+    distance = np.empty(rows)
     # |x - c|^2 = |x|^2 - 2 x.c + |c|^2, and |x|^2 is the same for every centroid.
-    scores = (centroids**2).sum(axis=1) - 2.0 * points @ centroids.T
-    chosen = np.argmin(scores, axis=1)
-    best = scores[np.arange(len(points)), chosen]
-    return chosen, np.maximum(best + np.einsum("ij,ij->i", points, points), 0.0)
+    # x.(-2c) is exactly -2 (x.c): one product, no scaling pass over the scores.
+    lengths = (centroids**2).sum(axis=1)
+    scaled = (-2.0 * centroids).T
+    # Block by block (8,192 rows at k = d = 16), so that the scores never leave the cache.
+    step = block_rows(k + points.shape[1])
+    scores = np.empty((min(step, rows), k))
+    for start in range(0, rows, step):
+        block = points[start : start + step]
+        end = start + len(block)
+        part = np.matmul(block, scaled, out=scores[: len(block)])
+        part += lengths
+        best = np.argmin(part, axis=1)
+        chosen[start:end] = best
+        near = np.take_along_axis(part, best[:, None], axis=1)[:, 0]
+        near += np.einsum("ij,ij->i", block, block) if squares is None else squares[start:end]
+        np.maximum(near, 0.0, out=distance[start:end])
+    return chosen, distance
+
+
+#: Ones and 0, 1, 2, ... for the one-hot matrix of ``cluster_sums``, kept from call to call
+#: (as long as the longest partition): made afresh, they cost as much as the product.
+_UNITS = (np.ones(0), np.arange(1, dtype=np.int32))
+
+
+def _units(rows: int) -> tuple[np.ndarray, np.ndarray]:
+    global _UNITS
+    if len(_UNITS[0]) < rows:
+        ones, positions = np.ones(rows), np.arange(rows + 1, dtype=np.int32)
+        ones.flags.writeable = positions.flags.writeable = False
+        _UNITS = ones, positions
+    return _UNITS[0][:rows], _UNITS[1][: rows + 1]
 
 
 def cluster_sums(
-    points: np.ndarray, centroids: np.ndarray, weights: np.ndarray | None = None
+    points: np.ndarray,
+    centroids: np.ndarray,
+    weights: np.ndarray | None = None,
+    squares: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """Per cluster, the (weighted) sum ``(k, dims)`` and the number (total weight) ``(k,)``
     of the points nearest to its centroid, and the cost of the points (the sum of their
-    weighted squared distances)."""
-    k = len(centroids)
-    chosen, distance = nearest(points, centroids)
-    member = np.zeros((len(points), k))  # one-hot: point i belongs to cluster chosen[i]
-    member[np.arange(len(points)), chosen] = 1.0 if weights is None else weights
+    weighted squared distances); ``squares``, every point's squared length, if known."""
+    k, rows = len(centroids), len(points)
+    chosen, distance = nearest(points, centroids, squares)
+    # The sums are one sparse product: column i of the (k, rows) one-hot matrix holds point
+    # i's weight in row chosen[i] (CSC, built from the labels as they are: no sort, no
+    # dense (rows, k) matrix).
+    ones, positions = _units(rows)
+    if chosen.dtype != positions.dtype:  # 2**31 rows or more
+        positions = np.arange(rows + 1, dtype=chosen.dtype)
+    member = scipy.sparse.csc_array(
+        (ones if weights is None else weights, chosen, positions), shape=(k, rows)
+    )
     counts = np.bincount(chosen, weights=weights, minlength=k)
     cost = distance if weights is None else distance * weights
-    return member.T @ points, counts, float(cost.sum())
+    return np.asarray(member @ points), counts, float(cost.sum())
 
 
 def partial_sums(table: pa.Table, centroids: np.ndarray) -> pa.Table:
@@ -143,7 +197,8 @@ class LloydStep(ModelStep):
 
     def add_input(self, acc: tuple[Any, ...], batch: pa.RecordBatch) -> Any:
         points, weights = points_of(batch, self.centroids.shape[1])
-        sums = cluster_sums(points, self.centroids, weights)
+        squares = batch.column("x2").to_numpy() if "x2" in batch.schema.names else None
+        sums = cluster_sums(points, self.centroids, weights, squares)
         return tuple(a + b for a, b in zip(acc, sums, strict=True))
 
     def extract_output(self, acc: tuple[Any, ...]) -> pa.Table:

@@ -37,7 +37,7 @@ from pyspark.sql import functions as F
 
 import iterflow as itf
 from iterflow.ml import lbfgs
-from iterflow.ml.features import PARTITION
+from iterflow.ml.features import PARTITION, prepared_matrix
 from iterflow.ml.regression_problem import FitOptions, loss_sums, no_rows
 from iterflow.ml.training import MLError, ModelStep, model_field, model_row
 
@@ -218,7 +218,7 @@ class Statistics(ModelStep):
         return 0.0, 0.0, 0.0, np.zeros(d), np.zeros(d)
 
     def add_input(self, acc: tuple[Any, ...], batch: pa.RecordBatch) -> tuple[Any, ...]:
-        x = batch.column("x").flatten().to_numpy().reshape(-1, self.features)
+        x = prepared_matrix(batch, "x", self.features)
         y, v = batch.column("y").to_numpy(), batch.column("v").to_numpy()
         weight = float(v.sum())
         if weight == 0:
@@ -288,7 +288,7 @@ class Evaluation(ModelStep):
 
     def add_input(self, acc: tuple[Any, ...], batch: pa.RecordBatch) -> tuple[Any, ...]:
         gradient, loss, weight = acc
-        x = batch.column("x").flatten().to_numpy().reshape(-1, len(self.coefficients) - 1)
+        x = prepared_matrix(batch, "x", len(self.coefficients) - 1)
         y, v = batch.column("y").to_numpy(), batch.column("v").to_numpy()
         part_gradient, part_loss = loss_sums(self.kind, x, y, v, self.coefficients)
         return gradient + part_gradient, loss + part_loss, weight + float(v.sum())

@@ -42,7 +42,14 @@ from pyspark.sql import functions as F
 
 import iterflow as itf
 from iterflow.ml import lbfgs, lbfgs_regression
-from iterflow.ml.features import PARTITION, Features, features_of, linear_score, used_rows
+from iterflow.ml.features import (
+    PARTITION,
+    Features,
+    features_of,
+    linear_score,
+    prepared_matrix,
+    used_rows,
+)
 from iterflow.ml.regression_problem import FitOptions, binary_labels, design, loss_sums, no_rows
 from iterflow.ml.training import Fitted, MLError, ModelStep, model_field, model_row, worker_errors
 
@@ -71,7 +78,7 @@ class GradientStep(ModelStep):
     def add_input(self, acc: tuple[Any, ...], batch: pa.RecordBatch) -> tuple[Any, ...]:
         gradient, loss, weight, seen = acc
         coefficients = self.coefficients
-        x = batch.column("x").flatten().to_numpy().reshape(-1, len(coefficients) - 1)
+        x = prepared_matrix(batch, "x", len(coefficients) - 1)
         y, v = batch.column("y").to_numpy(), batch.column("v").to_numpy()
         if self.fraction < 1.0:
             # The partition's stream continues from the rows of its earlier batches.
