@@ -53,7 +53,7 @@ def parse_args(description: str, **flags: str) -> argparse.Namespace:
         help="smaller sizes and fewer rounds (a smoke test, under a minute)",
     )
     for name, text in flags.items():
-        parser.add_argument(f"--{name}", action="store_true", help=text)
+        parser.add_argument(f"--{name.replace('_', '-')}", action="store_true", help=text)
     return parser.parse_args()
 
 
