@@ -113,9 +113,9 @@ import iterflow as itf
 from iterflow.graph import Graph
 from iterflow.runtime.datacache.resident_policy import PROCESSES_CONF, RESIDENT_CONF
 
-TARGET_PAGERANK = 0.5  # iterflow resident / (GraphX warm load + PageRank.run)
-TARGET_KMEANS = 0.6  # iterflow resident / MLlib from the same centroids
-TARGET_LOGISTIC = 0.2  # iterflow resident / MLlib, seconds per iteration
+TARGET_PAGERANK = 0.35  # iterflow resident / (GraphX warm load + PageRank.run)
+TARGET_KMEANS = 0.4  # iterflow resident / MLlib from the same centroids
+TARGET_LOGISTIC = 0.12  # iterflow resident / MLlib, seconds per iteration
 TARGET_NOOP_S = 0.010  # median duration_s of a resident no-op kernel round
 LR_TOL = 1e-9  # iterflow's coefficients against numpy's gradient descent
 MODES = {"resident": "auto", "off": "off"}
