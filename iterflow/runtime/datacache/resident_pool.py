@@ -86,7 +86,9 @@ class Pool:
         self.processes = max(int(processes), 1)
         self._workers: list[tuple[int, Connection]] = []
         self._own: dict[int, pa.Table] = {}  # the partitions the task serves itself
-        for _ in range(self.processes if self.processes > 1 else 0):
+        # Without fork (not a POSIX system) the task runs its kernels itself.
+        forks = self.processes if self.processes > 1 and hasattr(os, "fork") else 0
+        for _ in range(forks):
             self._workers.append(_fork([conn.fileno() for _, conn in self._workers]))
 
     @property
@@ -155,13 +157,25 @@ class Pool:
             conn.close()  # a process ends when it reads the end of its socket
         deadline = time.monotonic() + 5.0
         for pid, _ in self._workers:
-            while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG) == (0, 0):
-                time.sleep(0.01)
-            if time.monotonic() >= deadline:
+            if not _reaped(pid, deadline):
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
                     os.waitpid(pid, 0)
         self._workers = []
+
+
+def _reaped(pid: int, deadline: float) -> bool:
+    """Whether process ``pid`` ended by ``deadline`` (and was reaped, by us or by a
+    ``SIGCHLD`` policy that reaps children itself)."""
+    while True:
+        try:
+            if os.waitpid(pid, os.WNOHANG) != (0, 0):
+                return True
+        except ChildProcessError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
 
 
 def _fork(inherited: list[int]) -> tuple[int, Connection]:

@@ -29,16 +29,16 @@ PREFIX = "iterflow-resident-"
 STALE_S = 600.0
 
 
-def share_dir(job: str, generation: int, size: int) -> str:
+def share_dir(job: str, generation: int, size: int, shared: bool = True) -> str:
     """A new directory for ``size`` bytes of one load's partitions: in shared memory when
-    it has room for them (a fifth more), else in the temporary directory."""
+    it has room for them (a fifth more) and ``shared``, else in the temporary directory."""
     base = tempfile.gettempdir()
-    if os.path.isdir(SHARED_MEMORY) and os.access(SHARED_MEMORY, os.W_OK):
+    if shared and os.path.isdir(SHARED_MEMORY) and os.access(SHARED_MEMORY, os.W_OK):
         stats = os.statvfs(SHARED_MEMORY)
         if stats.f_bavail * stats.f_frsize >= size * 1.2:
             base = SHARED_MEMORY
     _sweep(base)
-    path = os.path.join(base, f"{PREFIX}{job}-{generation}-{os.getpid()}")
+    path = os.path.join(base, f"{PREFIX}{job}-{generation}-{os.getpid()}{'' if shared else '-t'}")
     os.makedirs(path, exist_ok=True)
     return path
 

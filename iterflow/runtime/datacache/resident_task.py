@@ -186,8 +186,13 @@ def _shared(job: str, generation: int, tables: dict[int, pa.Table]) -> dict[int,
     """This task's prepared partitions written to the host's shared memory; their files."""
     if not tables:
         return {}
-    directory = share_dir(job, generation, sum(t.nbytes for t in tables.values()))
-    return {part: write(directory, part, table) for part, table in tables.items()}
+    size = sum(t.nbytes for t in tables.values())
+    try:
+        directory = share_dir(job, generation, size)
+        return {part: write(directory, part, table) for part, table in tables.items()}
+    except OSError:  # shared memory filled up beside other tasks: the temporary directory
+        directory = share_dir(job, generation, size, shared=False)
+        return {part: write(directory, part, table) for part, table in tables.items()}
 
 
 def _task_row(task: int, unreachable: str | None) -> pa.RecordBatch:
