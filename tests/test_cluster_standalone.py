@@ -34,6 +34,9 @@ def test_a_submitted_job_runs_resident_over_tls_on_a_secured_cluster(cluster) ->
         spark__app__name="secured-resident",
         spark__executor__memory="512m",
         spark__ui__enabled="false",
+        # one resident task stays per executor registered at load: wait for both workers'
+        spark__cores__max="4",
+        spark__scheduler__minRegisteredResourcesRatio="1.0",
     )
     out = json.loads(stdout.strip().splitlines()[-1])
     assert out["master"] == cluster.url and out["app"] == "secured-resident"

@@ -147,7 +147,7 @@ class EpochLoop:
             recent=RECENT_EPOCHS if options.keep_history is None else options.keep_history,
         )
         residency = ResidentPolicy(spark, observers.tracker)
-        caches = CacheRegistry(residency, changing=self._changing)
+        caches = CacheRegistry(residency, changing=lambda df: changing_reason(df, self))
         self.cycle = RoundCycle(self.loop, caches, options.driver_rows)
         self.pending: dict[str, DataFrame] = {}  # the variables the next epoch reads
         self.epoch = -1
@@ -172,27 +172,6 @@ class EpochLoop:
             sinks=self.sinks,
             event_time=event_time,
         )
-
-    def _changing(self, df: DataFrame) -> str | None:
-        """Why ``df`` is read anew every epoch, or None when it comes only from data
-        inputs bound once (not a stream, not a variable fed back): such data is loaded
-        into resident tasks once for the whole run."""
-        bound_once = [
-            frame
-            for name, frame in self.inputs.items()
-            if name not in self.streams
-            and name not in self.state_names
-            and name not in self.pending
-        ]
-        leaves = plan_leaves(df)
-        known = frozenset().union(*(plan_leaves(frame) or frozenset() for frame in bound_once))
-        if leaves is None or not leaves or not leaves <= known:
-            return (
-                "ctx.columnar data that reads a stream or a variable changes every epoch: its "
-                "kernels run as a Spark job of the epoch (only data inputs bound once are "
-                "made resident)"
-            )
-        return None
 
     @property
     def committed_epoch(self) -> int:
@@ -250,19 +229,13 @@ class EpochLoop:
         once the iteration is stopping (what is left is committed and continues later)."""
         ran = 0
         while (
-            (self.in_flight > 0 or self.windows_due)
+            (self.in_flight > 0 or windows_due(self.event_time))
             and not self.stopping.is_set()
             and (limit is None or ran < limit)
         ):
             self.run_round(None, batch_id)
             ran += 1
         return ran
-
-    @property
-    def windows_due(self) -> bool:
-        """An event-time step has a window to fire under the next epoch's watermark: one
-        more epoch (with no new input) emits it."""
-        return self.event_time is not None and self.event_time.due()
 
     def drain_idle(self) -> None:
         """The stream is idle: drain feedback left in flight, and commit."""
@@ -332,3 +305,26 @@ class EpochLoop:
                     self.cycle.close()
                 finally:
                     self.checkpointing.close()
+
+
+def changing_reason(df: DataFrame, loop: EpochLoop) -> str | None:
+    """Why ``df`` is read anew every epoch of ``loop``, or None when it comes only from data
+    inputs bound once (not a stream, not a variable fed back): such data is loaded into
+    resident tasks once for the whole run."""
+    fed = {*loop.streams, *loop.state_names, *loop.pending}
+    bound_once = [frame for name, frame in loop.inputs.items() if name not in fed]
+    leaves = plan_leaves(df)
+    known = frozenset().union(*(plan_leaves(frame) or frozenset() for frame in bound_once))
+    if leaves is None or not leaves or not leaves <= known:
+        return (
+            "ctx.columnar data that reads a stream or a variable changes every epoch: its "
+            "kernels run as a Spark job of the epoch (only data inputs bound once are "
+            "made resident)"
+        )
+    return None
+
+
+def windows_due(event_time: EventTime | None) -> bool:
+    """An event-time step has a window to fire under the next epoch's watermark: one more
+    epoch (with no new input) emits it."""
+    return event_time is not None and event_time.due()
