@@ -46,6 +46,13 @@ def test_a_submitted_job_runs_resident_over_tls_on_a_secured_cluster(cluster) ->
     assert out["resident"] == [True] * 3 and out["tasks"] == 2 and out["executors"] == 2
     assert out["kernel_rows"] == [ROWS] * 3
     assert out["total"] == float(sum(range(ROWS)))
+    # a combine along the two tasks' tree (TLS between executors): the driver's bytes are
+    # the model and the result only, and every round's result is the one through the driver
+    tree, driver = out["exchange"]["tree"], out["exchange"]["driver"]
+    assert tree["tree"] == [True] * 4 and driver["tree"] == [False] * 4
+    assert tree["digests"] == driver["digests"]
+    assert all(4_000_000 < b < 4_020_000 for b in tree["bytes_per_round"])
+    assert all(b > 4 * 2_000_000 for b in driver["bytes_per_round"])
 
 
 @pytest.mark.slow_spark

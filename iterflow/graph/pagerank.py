@@ -162,7 +162,6 @@ def pagerank_body(
 #: The variable of the Arrow path: the rank vector (in the order of the vertex ids
 #: array) and the L1 change of the round that made it.
 VECTOR_SCHEMA = "rank ARRAY<DOUBLE>, delta DOUBLE"
-PARTIAL_SCHEMA = "contribution ARRAY<DOUBLE>, held DOUBLE"
 
 
 def edge_indices(ids: pa.Array, *, distinct: bool = True) -> Callable[[pa.Table], pa.Table]:
@@ -219,39 +218,70 @@ def edge_matrix(table: pa.Table, n: int) -> EdgeMatrix:
     return EdgeMatrix(table["src"].to_numpy()[starts], matrix)
 
 
-def contributions(table: pa.Table, ranks: np.ndarray, messages: Any) -> pa.Table:
-    """Kernel: the rank that one partition's edges carry to every vertex, and the rank
-    its sources hold (the rest is the dangling vertices')."""
+def spread_of(table: pa.Table, ranks: np.ndarray, messages: Any) -> tuple[np.ndarray, float]:
+    """The rank that one partition's edges carry to every vertex, and the rank its
+    sources hold (the rest is the dangling vertices')."""
     messages.inc(table.num_rows)
     # Built in the partition's first round, then kept with its table. The product adds
     # each vertex's shares in the order of their sources, as a bincount over the edges
     # would, so the sums are the same to the bit (bench_kernels.py: 3x faster).
     edges = built_once(table, edge_matrix, len(ranks))
     held = ranks[edges.sources]
-    spread = edges.matrix @ held
-    return pa.table(
-        [itf.vector_cell(spread), pa.array([held.sum()])], names=["contribution", "held"]
-    )
+    return edges.matrix @ held, float(held.sum())
 
 
-def next_ranks(
-    alpha: float, ranks: np.ndarray, teleport: np.ndarray, keep_dangling: bool = True
-) -> Callable[[Any], pa.Table]:
-    """Kernel over all partials: the next rank vector and its L1 change (the rank of
-    dangling vertices is dropped unless ``keep_dangling``)."""
+def contributions(table: pa.Table, ranks: np.ndarray, messages: Any) -> pa.Table:
+    """``spread_of`` as a one-row table (``contribution``, ``held``)."""
+    spread, held = spread_of(table, ranks, messages)
+    return pa.table([itf.vector_cell(spread), pa.array([held])], names=["contribution", "held"])
 
-    def finish(batches: Any) -> Any:
-        spread = np.zeros(len(ranks))
-        held = 0.0
-        for batch in batches:
-            for row in range(batch.num_rows):
-                spread += cell_values(batch.column(0), row)
-            held += float(np.sum(batch.column(1).to_numpy()))
-        dangling = ranks.sum() - held if keep_dangling else 0.0
+
+class RankStep(itf.CombineFn):
+    """One round on the rank vector: each partition's edges add the rank they carry
+    (``spread_of``) to a (spread, held) accumulator; ``itf.combine`` sums the
+    accumulators along its merge tree (among the resident tasks where the edges are
+    resident, so the driver receives the new vector only), and the sum becomes the next
+    ranks and their L1 change (the rank of dangling vertices is dropped unless
+    ``keep_dangling``)."""
+
+    def __init__(
+        self,
+        alpha: float,
+        ranks: np.ndarray,
+        teleport: np.ndarray | float,
+        keep_dangling: bool,
+        messages: Any,
+    ) -> None:
+        self.alpha = alpha
+        self.ranks = ranks
+        self.teleport = teleport
+        self.keep_dangling = keep_dangling
+        self.messages = messages
+
+    def create_accumulator(self) -> tuple[np.ndarray, float]:
+        return np.zeros(len(self.ranks)), 0.0
+
+    def add_inputs(self, acc: Any, table: pa.Table) -> tuple[np.ndarray, float]:
+        spread, held = spread_of(table, self.ranks, self.messages)
+        acc[0][:] += spread
+        return acc[0], acc[1] + held
+
+    def add_input(self, acc: Any, batch: pa.RecordBatch) -> tuple[np.ndarray, float]:
+        return self.add_inputs(acc, pa.Table.from_batches([batch]))
+
+    def merge_accumulators(self, accs: list[Any]) -> tuple[np.ndarray, float]:
+        spread, held = self.create_accumulator()
+        for part, part_held in accs:
+            spread += part
+            held += part_held
+        return spread, held
+
+    def extract_output(self, acc: Any) -> pa.Table:
+        spread, held = acc
+        ranks, teleport, alpha = self.ranks, self.teleport, self.alpha
+        dangling = ranks.sum() - held if self.keep_dangling else 0.0
         new = alpha * (spread + dangling * teleport) + (1.0 - alpha) * teleport
-        yield from _vector_row(new, np.abs(new - ranks).sum()).to_batches()
-
-    return finish
+        return _vector_row(new, np.abs(new - ranks).sum())
 
 
 def change(end: itf.RoundEnd) -> float:
@@ -275,6 +305,11 @@ def vector_body(
     """
     prepare = edge_indices(ids, distinct=not graphx)
     messages = itf.metrics.counter("messages")
+    # Uniform jumps travel as one number, not a vector as long as the ranks (the same
+    # arithmetic element by element, so the same ranks to the bit).
+    jumps: np.ndarray | float = teleport
+    if len(teleport) and np.all(teleport == teleport[0]):
+        jumps = float(teleport[0])
 
     @itf.body
     def pagerank_vector(
@@ -282,14 +317,8 @@ def vector_body(
     ) -> itf.Declaration:
         current = itf.vector(ranks, "rank")  # held on the driver after round 0
         files = ctx.columnar(edges, prepare)
-        new_ranks = files.map(
-            contributions,
-            PARTIAL_SCHEMA,
-            current,
-            messages,
-            combine=next_ranks(alpha, current, teleport, keep_dangling=not graphx),
-            combine_schema=VECTOR_SCHEMA,
-        )
+        step = RankStep(alpha, current, jumps, not graphx, messages)
+        new_ranks = itf.combine(files, step, VECTOR_SCHEMA, depth=2)
         return itf.Declaration(
             feedback={"ranks": new_ranks},
             outputs={"ranks": new_ranks},

@@ -52,7 +52,8 @@ class ModelStep(itf.CombineFn):
     def __getstate__(self) -> dict[str, Any]:
         # Tasks carry this object to feed accumulators, which never touch the gauge: only
         # extract_output does, on the driver for a model iterflow holds there (a one-row
-        # model, unless spark.iterflow.driverRows is 0). Over Spark Connect a metric that
+        # model, unless spark.iterflow.driverRows is 0), or in the resident task that
+        # merges last (its updates count toward the round). Over Spark Connect a metric that
         # tasks carry draws a warning that their updates are lost, so the gauge travels
         # without it.
         with warnings.catch_warnings():

@@ -306,6 +306,17 @@ class ColumnarData:
     def partitions(self) -> int:
         return len(self.locations)
 
+    def reduce(
+        self, kernel: Kernel, partial: str, merging: Any, schema: StructType | str, *args: Any
+    ) -> DataFrame:
+        """A DataFrame of the rows ``merging`` makes of every file's partial:
+        ``kernel(index, table, *args)`` gives a file's (``index``, pickled partial) row
+        of ``partial``, and ``merging`` (see ``resident_tree.Merging``) merges them all
+        in one task, as resident tasks merge them along their tree."""
+        return self.map(
+            kernel, partial, *args, indexed=True, combine=merging.whole, combine_schema=schema
+        )
+
     def map(
         self,
         kernel: Kernel,

@@ -121,6 +121,17 @@ class CombineFn:
         """``acc`` with the rows of ``batch`` (a ``pyarrow.RecordBatch``) added; returns it."""
         raise NotImplementedError
 
+    def add_inputs(self, acc: Any, table: pa.Table) -> Any:
+        """``acc`` with a whole prepared partition added (``ctx.columnar`` data; Beam's
+        name): by default ``add_input`` for each of its non-empty record batches.
+        Override it to work on the partition at once: on resident data ``table`` is the
+        same object every round, so a structure built from it can be kept (for instance
+        with a ``weakref.WeakKeyDictionary``-like cache keyed on the table)."""
+        for batch in table.to_batches():
+            if batch.num_rows:
+                acc = self.add_input(acc, batch)
+        return acc
+
     def merge_accumulators(self, accs: list[Any]) -> Any:
         """One accumulator holding all of ``accs`` (in index order)."""
         raise NotImplementedError
@@ -220,23 +231,31 @@ class _Combining:
 
     def accumulate(self, batches: Iterable[pa.RecordBatch]) -> Any:
         """A fresh accumulator fed every batch of one partition."""
-        fn = self.fn
-        try:
-            acc = fn.create_accumulator()
-        except Exception as error:
-            raise _failed(fn, "create_accumulator", self.epoch, error) from error
+        acc = self.fresh()
         for batch in batches:
             if batch.num_rows == 0:
                 continue  # add_input never sees an empty batch
-            try:
-                acc = fn.add_input(acc, batch)
-            except Exception as error:
-                raise _failed(fn, "add_input", self.epoch, error) from error
-            if acc is None:
-                raise IterflowTypeError(
-                    f"CombineFn '{fn.name}'.add_input returned None{_in_epoch(self.epoch)}; "
-                    "return the accumulator"
-                )
+            acc = self.added("add_input", acc, batch)
+        return acc
+
+    def fresh(self) -> Any:
+        try:
+            return self.fn.create_accumulator()
+        except Exception as error:
+            raise _failed(self.fn, "create_accumulator", self.epoch, error) from error
+
+    def added(self, method: str, acc: Any, rows: Any) -> Any:
+        """``acc`` after the CombineFn's ``method`` (``add_input``, ``add_inputs``) of ``rows``."""
+        fn = self.fn
+        try:
+            acc = getattr(fn, method)(acc, rows)
+        except Exception as error:
+            raise _failed(fn, method, self.epoch, error) from error
+        if acc is None:
+            raise IterflowTypeError(
+                f"CombineFn '{fn.name}'.{method} returned None{_in_epoch(self.epoch)}; "
+                "return the accumulator"
+            )
         return acc
 
     def partial(self, index: int, acc: Any, after: str) -> pa.RecordBatch:
@@ -254,8 +273,14 @@ class _Combining:
         yield self.partial(index, self.accumulate(batches), "add_input")
 
     def kernel(self, index: int, table: pa.Table) -> pa.RecordBatch:
-        """A columnar kernel: the accumulator of prepared partition ``index``."""
-        return self.partial(index, self.accumulate(table.to_batches()), "add_input")
+        """A columnar kernel: the accumulator of prepared partition ``index``
+        (``add_inputs``, which never sees an empty partition)."""
+        if type(self.fn).add_inputs is CombineFn.add_inputs:  # add_input batch by batch
+            return self.partial(index, self.accumulate(table.to_batches()), "add_input")
+        acc = self.fresh()
+        if table.num_rows:
+            acc = self.added("add_inputs", acc, table)
+        return self.partial(index, acc, "add_inputs")
 
     def merge_level(
         self, scale: int, batches: Iterator[pa.RecordBatch]
@@ -287,6 +312,38 @@ class _Combining:
         except IterflowTypeError as error:
             raise IterflowTypeError(f"{error}; the declared schema is '{self.declared}'") from error
         yield from batches or [pa.RecordBatch.from_pylist([], schema=self.target)]
+
+
+@attrs.frozen
+class TreeMerge:
+    """How resident tasks merge one combine's accumulators among themselves
+    (``resident_tree.reduce_here``): the same tree, the same merges, as ``merge_tree``."""
+
+    combining: _Combining
+    depth: int
+
+    def shape(self, partials: int) -> tuple[int, tuple[int, ...]]:
+        """The tree's group size, and the groups left after each level but the last."""
+        tree = MergeTree(partials, self.depth)
+        return tree.scale, tree.levels
+
+    def merge(self, members: list[bytes]) -> bytes:
+        """One group's pickled accumulators (in index order) merged, pickled."""
+        fn, epoch = self.combining.fn, self.combining.epoch
+        merged = _merge(fn, [pickle.loads(member) for member in members], epoch)
+        return _dumps(fn, merged, "merge_accumulators", epoch)
+
+    def finish(self, members: list[bytes]) -> list[pa.RecordBatch]:
+        """The last merge (a fresh accumulator when there is nothing), and the rows."""
+        fn, epoch = self.combining.fn, self.combining.epoch
+        accumulators = [pickle.loads(member) for member in members]
+        merged = _merge(fn, accumulators, epoch) if accumulators else fn.create_accumulator()
+        return list(self.combining.output(merged))
+
+    def whole(self, partials: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """Every partition's accumulator (rows of ``PARTIAL_SCHEMA``) merged in one place:
+        the per-round-job path, and resident tasks that could not pass them along a tree."""
+        return self.combining.finish(self.depth, partials)
 
 
 def _received(batches: Iterable[pa.RecordBatch]) -> list[tuple[int, Any]]:
@@ -434,15 +491,8 @@ def combine(
     struct = declared_struct(spark, schema)
     declared = schema if isinstance(schema, str) else struct.simpleString()
     combining = _Combining(fn, epoch, _declared_arrow_schema(spark, struct), declared)
-    if not isinstance(data, DataFrame):
-        finish = functools.partial(combining.finish, depth)
-        return data.map(
-            combining.kernel,
-            PARTIAL_SCHEMA,
-            indexed=True,
-            combine=finish,
-            combine_schema=struct,
-        )
+    if not isinstance(data, DataFrame):  # columnar: merged in one task, or along the tree
+        return data.reduce(combining.kernel, PARTIAL_SCHEMA, TreeMerge(combining, depth), struct)
     partial_struct = declared_struct(spark, PARTIAL_SCHEMA)
     partials = map_in_arrow(data, combining.feed, partial_struct)
     merged, left = partials, depth

@@ -1,10 +1,12 @@
 """The data plane of resident rounds: an Arrow Flight server on the driver.
 
-Resident tasks (``iterflow.runtime.datacache.resident``) never talk to each other, only to
-the driver: each opens one long-lived ``do_exchange`` stream to this server and
-then trades messages over it, a kernel call from the driver and its outputs from
-the task. A message is one pickled value carried as the Flight stream's
-application metadata, so one stream serves any schema, round after round.
+Each resident task (``iterflow.runtime.datacache.resident``) opens one long-lived
+``do_exchange`` stream to this server and then trades messages over it, a kernel call
+from the driver and its outputs from the task; the tasks also pass calls and partial
+results among themselves along a tree (``resident_tree``), under the same trust
+model. A message is one pickled value carried as the Flight stream's application
+metadata, so one stream serves any schema, round after round. ``DataPlane.traffic``
+counts the bytes of every message both ways.
 
 Trust model. Everything a task needs to reach the server (``Credentials``) travels
 inside the resident job's closure, as Spark ships any task, and is new for each run:
@@ -125,6 +127,13 @@ class Credentials:
     def __repr__(self) -> str:  # never the secret or a key in a log line
         return f"Credentials({self.location})"
 
+    def of_peer(self, location: str) -> Credentials:
+        """What a task needs to reach another task's relay at ``location``
+        (``resident_tree``): the same secret; with TLS, each end presents the run's
+        client certificate and trusts only it."""
+        cert = self.client.cert if self.client is not None else None
+        return attrs.evolve(self, location=location, server_cert=cert)
+
     def client_for(self) -> flight.FlightClient:
         """A Flight client of this data plane (executor side)."""
         if self.server_cert is None or self.client is None:
@@ -147,19 +156,43 @@ def _dumps(value: Any) -> pa.Buffer:
     return pa.py_buffer(pickle.dumps(value, protocol=5))
 
 
+class Traffic:
+    """Bytes the driver's data plane sent and received, over all streams (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.sent = 0
+        self.received = 0
+
+    def count(self, sent: int = 0, received: int = 0) -> None:
+        with self._lock:
+            self.sent += sent
+            self.received += received
+
+    def total(self) -> int:
+        """Bytes both ways so far."""
+        with self._lock:
+            return self.sent + self.received
+
+
 class Channel:
     """One side of a resident task's exchange stream: ``send`` a value, ``receive`` one.
 
-    ``receive`` returns None when the other side closed the stream.
+    ``receive`` returns None when the other side closed the stream. On the driver,
+    ``traffic`` counts the bytes of every message both ways.
     """
 
-    def __init__(self, reader: Any, writer: Any) -> None:
+    def __init__(self, reader: Any, writer: Any, traffic: Traffic | None = None) -> None:
         self._reader = reader
         self._writer = writer
+        self._traffic = traffic
 
     def send(self, value: Any, payload: bytes | None = None) -> None:
         """Send ``value``; ``payload`` (already pickled, e.g. a kernel call) is sent as is."""
-        self._writer.write_metadata(pa.py_buffer(payload) if payload is not None else _dumps(value))
+        buffer = pa.py_buffer(payload) if payload is not None else _dumps(value)
+        if self._traffic is not None:
+            self._traffic.count(sent=buffer.size)
+        self._writer.write_metadata(buffer)
 
     def receive(self) -> Any:
         raw = self.receive_bytes()
@@ -171,10 +204,24 @@ class Channel:
             chunk = self._reader.read_chunk()
         except StopIteration:
             return None
+        if self._traffic is not None and chunk.app_metadata is not None:
+            self._traffic.count(received=chunk.app_metadata.size)
         return chunk.app_metadata
 
 
-class _SecretCheck(flight.ServerMiddlewareFactory):
+def tls_options(server: KeyPair | None, client: KeyPair | None) -> dict[str, Any]:
+    """A Flight server's TLS options: present ``server``, and require a client
+    certificate that is ``client``'s (pinned); none without TLS."""
+    if server is None or client is None:
+        return {}
+    return {
+        "tls_certificates": [flight.CertKeyPair(server.cert, server.key)],
+        "verify_client": True,
+        "root_certificates": client.cert,
+    }
+
+
+class SecretCheck(flight.ServerMiddlewareFactory):
     """Refuses every call that does not present the run's secret."""
 
     def __init__(self, secret: str) -> None:
@@ -207,24 +254,18 @@ class DataPlane(flight.FlightServerBase):
 
     def __init__(self, bind_host: str, advertised_host: str, port: int, tls: bool = False) -> None:
         secret = secrets.token_hex(32)
-        self._check = _SecretCheck(secret)
+        self._check = SecretCheck(secret)
         self._handlers: dict[str, StreamHandler] = {}
         self._lock = threading.Lock()
+        self.traffic = Traffic()  # every byte of every stream, both ways
         scheme = "grpc+tls" if tls else "grpc+tcp"
         server = KeyPair.make() if tls else None
         client = KeyPair.make() if tls else None
-        options: dict[str, Any] = {}
-        if server is not None and client is not None:
-            options = {
-                "tls_certificates": [flight.CertKeyPair(server.cert, server.key)],
-                "verify_client": True,
-                "root_certificates": client.cert,
-            }
         try:
             super().__init__(
                 f"{scheme}://{host_in_uri(bind_host)}:{port}",
                 middleware={"secret": self._check},
-                **options,
+                **tls_options(server, client),
             )
         except (pa.ArrowException, OSError) as error:
             raise IterflowError(
@@ -266,7 +307,7 @@ class DataPlane(flight.FlightServerBase):
             raise flight.FlightServerError(
                 f"iterflow data plane: resident job {hello.get('job')!r} has ended"
             )
-        handler(hello, Channel(reader, writer))
+        handler(hello, Channel(reader, writer, self.traffic))
 
     def close(self) -> None:
         with self._lock:

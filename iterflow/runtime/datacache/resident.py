@@ -85,7 +85,13 @@ from iterflow.runtime.datacache.dataplane import Channel, DataPlane
 from iterflow.runtime.datacache.driver_variables import held_frame
 from iterflow.runtime.datacache.ledger import ResidentBudget, return_slots
 from iterflow.runtime.datacache.resident_pool import CALL
-from iterflow.runtime.datacache.resident_task import CONNECT_TIMEOUT_S, PARTITION_COLUMN, task_main
+from iterflow.runtime.datacache.resident_task import (
+    CONNECT_TIMEOUT_S,
+    PARTITION_COLUMN,
+    TREE,
+    task_main,
+)
+from iterflow.runtime.datacache.resident_tree import Merging, Peers, holders_of
 from iterflow.runtime.progresstrack.tracker import RoundTracker
 from iterflow.runtime.spark.jvm import plan_now
 from iterflow.runtime.spark.planning import static_planning
@@ -154,6 +160,7 @@ class ResidentData:
         tracker: RoundTracker,
         launched: int | None = None,
         processes: int = 1,
+        tree: bool = True,
     ) -> None:
         self.spark = df.sparkSession
         self.tracker = tracker  # the run's: kernel calls report their progress to it
@@ -165,6 +172,7 @@ class ResidentData:
         #: at most ``tasks`` of them stay (one per executor), the others hand over and end.
         self.launched = max(launched or tasks, tasks)
         self.processes = processes  # kernel processes per staying task
+        self.tree = tree  # kernel calls pass along a tree of the tasks where they can
         self.budget = budget
         self.job = uuid.uuid4().hex[:12]
         self.rows = 0
@@ -185,6 +193,10 @@ class ResidentData:
         self._lock = threading.Lock()
         self._calling = threading.Lock()
         self._held: dict[int, list[int]] = {}  # each task's partitions
+        #: The staying tasks as a tree (``resident_tree``); None: every call goes to every
+        #: task from the driver, and every output comes back to it.
+        self._peers: Peers | None = None
+        self._call_number = 0
         #: Where the tasks' reports of the call in flight go (the run's tracker).
         self._progress: Callable[[int, int], None] | None = None
         self._released = False
@@ -220,6 +232,30 @@ class ResidentData:
         with self._lock:
             tasks = sorted(self._streams)
         self._held = {task: list(reply["rows"]) for task, reply in zip(tasks, replies, strict=True)}
+        relays = {task: reply.get("relay") for task, reply in zip(tasks, replies, strict=True)}
+        if self.tree:
+            self._peers = self._tree(relays, [reply.get("no_relay") for reply in replies])
+
+    def _tree(self, relays: dict[int, str | None], failed: list[str | None]) -> Peers | None:
+        """Set the staying tasks up as a tree for the model exchange (``resident_tree``);
+        None, with a WARNING saying why, when a task cannot serve or reach its peers."""
+        reasons = [reason for reason in failed if reason]
+        peers = None
+        if not reasons:
+            known = {task: location for task, location in relays.items() if location}
+            peers = Peers(tuple(sorted(known)), known, holders_of(self._held, self.partitions))
+            replies = self._exchange(pickle.dumps({"peers": peers}))
+            reasons = [reply["unreached"] for reply in replies if reply.get("unreached")]
+        if reasons:
+            logger.warning(
+                "resident tasks cannot reach each other (%s): kernel calls go from the driver "
+                "to every task and every output comes back to it, so the driver's bytes per "
+                "round grow with the number of tasks; let executors reach each other on "
+                "ephemeral ports to pass them along a tree",
+                reasons[0],
+            )
+            return None
+        return peers
 
     def _loaded(self) -> dict[int, dict[str, Any]]:
         """What every task of the launch said once its partitions were loaded, by task."""
@@ -399,7 +435,7 @@ class ResidentData:
         with self._lock:
             self._generation += 1  # nothing of the old launch is heeded any more
             streams, self._streams = list(self._streams.values()), {}
-            self._keepers, self._loaders = {}, {}
+            self._keepers, self._loaders, self._peers = {}, {}, None
             for executor, count in self._reserved.items():
                 self.budget.release(executor, count)
             self._reserved = {}
@@ -431,6 +467,11 @@ class ResidentData:
                 self._reserved[stream.executor] = self._reserved.get(stream.executor, 0) + count
                 return {"granted": count}
         return {"refused": refused}
+
+    @property
+    def along_tree(self) -> bool:
+        """Whether kernel calls pass along a tree of the current launch's tasks."""
+        return self._peers is not None
 
     def executors(self) -> set[str]:
         """The executors the current launch's resident tasks run on."""
@@ -464,18 +505,11 @@ class ResidentData:
                 "resident in long-running tasks instead: make it with "
                 "ctx.columnar(df, prepare, resident=False)"
             )
-        from pyspark import cloudpickle
-
         if combine is not None and combine_schema is None:
             raise IterflowTypeError("map(combine=...) needs combine_schema= as well")
         declared = _declared_arrow_schema(self.spark, schema)
-        run_id, epoch = current_round(self.context)
         call = KernelCall(kernel, args, indexed, declared, numbered=True)
-        payload = CALL + cloudpickle.dumps({"kernel": call, "run_id": run_id, "epoch": epoch})
-        replies = self._call(payload)
-        for reply in replies:
-            BRIDGE.merge(reply["metrics"])
-        batches = [batch for reply in replies for batch in reply["outputs"]]
+        batches, _ = self._call(self._payload(call))
         if combine is not None:
             target = _declared_arrow_schema(self.spark, combine_schema)  # type: ignore[arg-type]
             combined = in_file_order(combine)(iter(batches))
@@ -488,25 +522,69 @@ class ResidentData:
         self.calls += 1
         return held_frame(self.spark, table, declared_struct(self.spark, out_schema))
 
+    def reduce(
+        self, kernel: Kernel, partial: str, merging: Merging, schema: StructType | str, *args: Any
+    ) -> DataFrame:
+        """``ColumnarData.reduce`` on the resident partitions (``itf.combine``, PageRank):
+        ``kernel(index, table, *args)`` makes each partition's (index, pickled partial)
+        row of ``partial``, and the tasks merge them along their tree as ``merging``
+        says (``resident_tree``), so that the driver receives the merged rows only;
+        without a tree they are merged here, the same way."""
+        declared = _declared_arrow_schema(self.spark, partial)
+        call = KernelCall(kernel, args, True, declared, numbered=True)
+        batches, treed = self._call(self._payload(call, merging), reduce=True)
+        if not treed:
+            batches = list(merging.whole(iter(batches)))
+        target = _declared_arrow_schema(self.spark, schema)
+        table = _table([_conform(batch, target) for batch in batches], target)
+        self.calls += 1
+        return held_frame(self.spark, table, declared_struct(self.spark, schema))
+
+    def _payload(self, call: KernelCall, merging: Merging | None = None) -> bytes:
+        """A kernel call pickled once for every task (and, with ``merging``, how the tasks
+        merge its outputs)."""
+        from pyspark import cloudpickle
+
+        run_id, epoch = current_round(self.context)
+        content = {"kernel": call, "run_id": run_id, "epoch": epoch, "reduce": merging}
+        return CALL + cloudpickle.dumps(content)
+
+    def _messages(self, payload: bytes, reduce: bool) -> bytes | Callable[[int], bytes]:
+        """A kernel call's messages to the tasks: along the tree, a header for every task
+        and the payload for the root only; without one, the payload for every task."""
+        peers = self._peers
+        if peers is None:
+            return payload
+        self._call_number += 1
+        header = pickle.dumps({"call": self._call_number, "reduce": reduce})
+        head = TREE + len(header).to_bytes(4, "little") + header
+        whole = head + payload
+        return lambda task: whole if task == peers.tasks[0] else head
+
     def _progressed(self, task: int, done: int) -> None:
         """A resident task says it has served ``done`` partitions of the call in flight."""
         progressed = self._progress
         if progressed is not None:
             progressed(task, done)
 
-    def _call(self, payload: bytes) -> list[dict[str, Any]]:
+    def _call(self, payload: bytes, reduce: bool = False) -> tuple[list[pa.RecordBatch], bool]:
         """Send one kernel call to every resident task; relaunch the job and send it again
         when a task is lost on the way, or while reloading (``RELAUNCHES`` times at most).
-        One call at a time: the replies carry no call of their own."""
+        One call at a time: the replies carry no call of their own. The outputs, and
+        whether the call went along the tree (then a ``reduce`` call's outputs are
+        merged already)."""
         held = {task: len(parts) for task, parts in self._held.items()}
         with self._calling, self.tracker.kernel_call(self.partitions, held) as progressed:
             self._progress = progressed
             try:
-                return self._relaunching(payload)
+                replies, treed = self._relaunching(payload, reduce)
             finally:
                 self._progress = None
+        for reply in replies:
+            BRIDGE.merge(reply["metrics"])
+        return [batch for reply in replies for batch in reply["outputs"]], treed
 
-    def _relaunching(self, payload: bytes) -> list[dict[str, Any]]:
+    def _relaunching(self, payload: bytes, reduce: bool) -> tuple[list[dict[str, Any]], bool]:
         """``_call``'s exchange, relaunching the resident job when a task is lost."""
         lost: Exception | None = None
         for attempt in range(RELAUNCHES + 1):
@@ -514,7 +592,8 @@ class ResidentData:
                 if lost is not None:
                     self.stop(cancel=True)
                     self.start()
-                replies = self._exchange(payload)
+                treed = self._peers is not None
+                replies = self._exchange(self._messages(payload, reduce))
             except (ResidentTaskLost, ResidentUnavailable) as error:
                 lost = error
                 if attempt < RELAUNCHES:
@@ -529,7 +608,7 @@ class ResidentData:
             failed = [reply for reply in replies if "error" in reply]
             if failed:
                 raise KernelError(f"{failed[0]['error']}\n{failed[0]['trace']}")
-            return replies
+            return replies, treed
         self.stop(cancel=True)
         raise IterflowError(
             f"resident tasks were lost {RELAUNCHES + 1} times in one kernel call "

@@ -38,6 +38,9 @@ RESIDENT_CONF = "spark.iterflow.resident"
 PORT_CONF = "spark.iterflow.resident.port"
 #: Kernel processes per resident task; by default one per core of its executor.
 PROCESSES_CONF = "spark.iterflow.resident.processes"
+#: Whether kernel calls pass along a tree of the staying tasks (``resident_tree``):
+#: ``true`` (default) or ``false`` (every call and output through the driver).
+TREE_CONF = "spark.iterflow.resident.tree"
 MODES = ("auto", "on", "off")
 #: The share of an executor's Python memory that resident data may take by default:
 #: the rest is the kernels' working memory and the other Python workers'.
@@ -198,8 +201,18 @@ class ResidentPolicy:
             processes = self._processes(slots // max(executors, 1), partitions, tasks)
             plane = self._data_plane(context)
             budget = self._budget(context)
+            tree = str(self.spark.conf.get(TREE_CONF, "true")).strip().lower() != "false"
             return ResidentData(
-                plane, df, prepare, partitions, tasks, budget, self.tracker, launched, processes
+                plane,
+                df,
+                prepare,
+                partitions,
+                tasks,
+                budget,
+                self.tracker,
+                launched,
+                processes,
+                tree=tree,
             )
         except BaseException:
             return_slots(app, tasks)

@@ -26,15 +26,28 @@ import pyarrow.compute as pc
 import pyarrow.flight as flight
 from pyspark import TaskContext
 
+from iterflow.metrics._spark import add_updates, captured
 from iterflow.runtime.datacache.columnar import Prepare
 from iterflow.runtime.datacache.dataplane import Channel, Credentials, connect
 from iterflow.runtime.datacache.resident_pool import CALL, Pool, PoolLost
 from iterflow.runtime.datacache.resident_share import forget, remove, share_dir, write
+from iterflow.runtime.datacache.resident_tree import (
+    Failed,
+    Links,
+    Peers,
+    Relay,
+    RelayClosed,
+    reduce_here,
+)
 
 #: How long a resident task tries to reach the driver's data plane.
 CONNECT_TIMEOUT_S = 10.0
 #: The column that carries each row's partition of the resident DataFrame into the job.
 PARTITION_COLUMN = "__iterflow_partition"
+#: The first byte of a kernel call along the tree (``resident_tree``): then the length
+#: of a pickled header (4 bytes, little-endian), the header, and the payload, which
+#: only the root receives from the driver.
+TREE = b"T"
 
 
 def _split(batch: pa.RecordBatch) -> Iterator[tuple[int, pa.RecordBatch]]:
@@ -138,7 +151,8 @@ def task_main(
                 return
             role = channel.receive()  # what the driver wants of this task
             if role is not None:
-                _play(channel, role, batches, pool, (job, generation, prepare, schema))
+                load = (job, generation, prepare, schema)
+                _play(channel, role, batches, _Keeping(task, channel, pool, credentials), load)
         finally:
             pool.close()
         yield _task_row(task, None)
@@ -150,7 +164,7 @@ def _play(
     channel: Channel,
     role: dict[str, Any],
     batches: Iterator[pa.RecordBatch],
-    pool: Pool,
+    keeper: _Keeping,
     load: tuple,
 ) -> None:
     """Load this task's partitions and keep them (``keep``: answer kernel calls after) or
@@ -162,7 +176,7 @@ def _play(
         return
     keeping = role["role"] == "keep"
     if not keeping:
-        pool.close()  # its processes are not needed
+        keeper.pool.close()  # its processes are not needed
     try:
         tables, held = _load(batches, prepare, schema, _reserver(channel))
         files = _shared(job, generation, tables)
@@ -177,8 +191,9 @@ def _play(
         channel.send(said if keeping else {**said, "handed": True})
     if keeping:
         try:
-            _loop(channel, pool, load)
+            _loop(channel, keeper, load)
         finally:
+            keeper.close()
             forget(job, generation)
 
 
@@ -205,7 +220,8 @@ def _task_row(task: int, unreachable: str | None) -> pa.RecordBatch:
 
 def _adopt(message: dict[str, Any], pool: Pool, load: tuple) -> dict[str, Any]:
     """Map the partitions the driver gives this task (its own, its executor's other loading
-    tasks', and empty ones no task received rows of) into the kernel processes."""
+    tasks', and empty ones no task received rows of) into the kernel processes; their
+    rows by partition."""
     job, generation, prepare, schema = load
     files: dict[int, str] = dict(message["files"])
     sizes: dict[int, int] = dict(message["sizes"])
@@ -223,18 +239,101 @@ def _adopt(message: dict[str, Any], pool: Pool, load: tuple) -> dict[str, Any]:
     return {"rows": rows}
 
 
-def _loop(channel: Channel, pool: Pool, load: tuple) -> None:
-    """Answer the driver's messages until it closes the stream, or a kernel process ends
-    (then the stream is closed: the driver relaunches the job as for a lost task)."""
+class _Keeping:
+    """A staying task between the driver's messages: its kernel processes, and its place
+    in the tree of staying tasks (``resident_tree``) once the driver has said it."""
+
+    def __init__(self, task: int, channel: Channel, pool: Pool, credentials: Credentials):
+        self.task = task
+        self.channel = channel
+        self.pool = pool
+        self.credentials = credentials
+        self.relay: Relay | None = None
+        self.links: Links | None = None
+        self.peers: Peers | None = None
+
+    def adopt(self, message: dict[str, Any], load: tuple) -> dict[str, Any]:
+        """Map the partitions given to this task, and open its relay for its peers."""
+        reply = _adopt(message, self.pool, load)
+        if "rows" in reply:
+            try:
+                self.relay = Relay(self.credentials)
+                reply["relay"] = self.relay.location
+            except (pa.ArrowException, OSError) as error:  # then no tree: said, not fatal
+                reply["relay"] = None
+                reply["no_relay"] = f"{type(error).__name__}: {error}"
+        return reply
+
+    def join(self, peers: Peers) -> dict[str, Any]:
+        """Take this task's place in the tree: reach its parent, or say why it cannot."""
+        self.peers = peers
+        self.links = Links(self.credentials, peers)
+        parent = peers.parent(self.task)
+        return {"unreached": None if parent is None else self.links.reach(parent)}
+
+    def call(self, raw: memoryview) -> dict[str, Any]:
+        """A kernel call along the tree: the payload from the driver (root) or from this
+        task's parent, served to its children; the kernels' outputs, or this task's part
+        of the combine's merges."""
+        assert self.relay is not None and self.links is not None and self.peers is not None
+        size = int.from_bytes(raw[1:5], "little")
+        header = pickle.loads(raw[5 : 5 + size])
+        payload: Any = raw[5 + size :]
+        call = header["call"]
+        if not len(payload):
+            parent = self.peers.parent(self.task)
+            payload = memoryview(self.links.fetch(parent, call))  # type: ignore[arg-type]
+        self.relay.publish(call, payload)
+        reply = self.pool.call(payload[1:], lambda done: self.channel.send({"progress": done}))
+        if not header["reduce"] or "error" in reply:
+            return reply
+        items = {
+            index: data
+            for batch in reply["outputs"]
+            for index, data in zip(
+                batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True
+            )
+        }
+        links, relay = self.links, self.relay
+        content = pickle.loads(payload[1:])
+        # Metrics the merges update (extract_output's gauges) count toward the round.
+        with captured(content["run_id"], content["epoch"]) as updates:
+            merged = reduce_here(
+                self.task,
+                self.peers,
+                content["reduce"],
+                items,
+                lambda owner, level, index, item: links.deliver(owner, call, level, index, item),
+                lambda level, index: relay.take(call, level, index),
+            )
+        if isinstance(merged, Failed):
+            return {"error": merged.error, "trace": merged.trace}
+        return {"outputs": merged or [], "metrics": add_updates(reply["metrics"], updates)}
+
+    def close(self) -> None:
+        if self.links is not None:
+            self.links.close()
+        if self.relay is not None:
+            self.relay.close()
+
+
+def _loop(channel: Channel, keeper: _Keeping, load: tuple) -> None:
+    """Answer the driver's messages until it closes the stream, or a kernel process or a
+    peer on the tree goes away (then the stream is closed: the driver relaunches the job
+    as for a lost task)."""
     while True:
         raw = channel.receive_bytes()
         if raw is None:
             return
         view = memoryview(raw)
-        if view[:1] == CALL:
+        if view[:1] in (CALL, TREE):
             try:
-                reply = pool.call(view[1:], lambda done: channel.send({"progress": done}))
-            except PoolLost:
+                if view[:1] == CALL:
+                    report = lambda done: channel.send({"progress": done})  # noqa: E731
+                    reply = keeper.pool.call(view[1:], report)
+                else:
+                    reply = keeper.call(view)
+            except (PoolLost, RelayClosed, pa.ArrowException, OSError):
                 return
             channel.send(reply)
             continue
@@ -244,4 +343,6 @@ def _loop(channel: Channel, pool: Pool, load: tuple) -> None:
             channel.send({"error": f"{type(error).__name__}: {error}", "trace": ""})
             continue
         if "adopt" in message:
-            channel.send(_adopt(message["adopt"], pool, load))
+            channel.send(keeper.adopt(message["adopt"], load))
+        elif "peers" in message:
+            channel.send(keeper.join(message["peers"]))
