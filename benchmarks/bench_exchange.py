@@ -8,6 +8,10 @@ partition, four rounds along the tree of resident tasks and four through the dri
 plane per round (counted by the data plane), seconds per round, and whether every
 round's result is the same to the bit on every cluster and either way.
 
+Before the clusters, the relay's own constants, which docs/deploy.md's cost model uses:
+the latency of one small delivery and the bandwidth of fetching a 2 MB and a 40 MB
+payload from a task's relay, in one process over loopback, plain and with TLS.
+
     python benchmarks/bench_exchange.py [--quick]   # --quick: 1 and 3 executors only
 """
 
@@ -42,13 +46,50 @@ def run_cluster(executors: int) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+def relay_constants(tls: bool, repeat: int = 7) -> dict[str, float]:
+    """Median seconds of a 100-byte delivery, and MB/s of 2 MB and 40 MB fetches."""
+    from iterflow.runtime.datacache.dataplane import Credentials, KeyPair
+    from iterflow.runtime.datacache.resident_tree import Links, Peers, Relay
+
+    scheme = "grpc+tls" if tls else "grpc+tcp"
+    driver = Credentials(f"{scheme}://127.0.0.1:9", "s" * 64, None, KeyPair.make() if tls else None)
+    relays = [Relay(driver), Relay(driver)]
+    links = Links(driver, Peers((0, 1), {0: relays[0].location, 1: relays[1].location}, (0, 1)))
+    try:
+        measured: dict[str, float] = {}
+        delays = []
+        for index in range(repeat):
+            clock = time.perf_counter()
+            links.deliver(1, 1, 0, index, b"a" * 100)
+            relays[1].take(1, 0, index)
+            delays.append(time.perf_counter() - clock)
+        measured["latency_s"] = statistics.median(delays)
+        for call, size in ((2, 2_000_000), (3, 40_000_000)):
+            relays[0].publish(call, memoryview(b"K" + bytes(size - 1)))
+            seconds = []
+            for _ in range(repeat):
+                clock = time.perf_counter()
+                links.fetch(0, call)
+                seconds.append(time.perf_counter() - clock)
+            rate = size / 1e6 / statistics.median(seconds)
+            measured[f"fetch_{size // 1_000_000}MB_MB_per_s"] = rate
+        return measured
+    finally:
+        links.close()
+        for relay in relays:
+            relay.close()
+
+
 def main() -> None:
     sys.path.insert(0, str(HERE))
     from _common import log, parse_args, print_table, write_result
 
     args = parse_args(__doc__.splitlines()[0])
     counts = (1, 3) if args.quick else (1, 3, 6)
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {
+        "relay": {"plain": relay_constants(False), "tls": relay_constants(True)}
+    }
+    log(f"relay: {results['relay']}")
     digests = set()
     for executors in counts:
         clock = time.perf_counter()
@@ -67,8 +108,10 @@ def main() -> None:
         results[f"{executors}_executors"] = row
     results["same_results_everywhere"] = len(digests) == 1
     rows = []
+    for way, constants in results["relay"].items():
+        rows.extend((f"relay, {way}: {name}", value) for name, value in constants.items())
     for name, row in results.items():
-        if isinstance(row, dict):
+        if name != "relay" and isinstance(row, dict):
             for way in ("tree", "driver"):
                 measured = row[way]
                 rows.append(
