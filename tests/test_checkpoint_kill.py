@@ -15,7 +15,8 @@ from child_jobs import kill_when, run_to_end
 from iterflow.progress.event_log import read_events
 from iterflow.runtime.checkpoint.lease import LEASE
 
-pytestmark = pytest.mark.spark
+# A minute of child processes: CI keeps test_iteration_kill and test_unbounded_kill.
+pytestmark = [pytest.mark.spark, pytest.mark.slow_spark]
 
 JOB = Path(__file__).with_name("checkpoint_kill_job.py")
 

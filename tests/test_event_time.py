@@ -409,7 +409,9 @@ def per_window_sum(events, ctx):
     )
 
 
-@pytest.mark.parametrize("commit_interval_s", [None, 0.5])
+@pytest.mark.parametrize(
+    "commit_interval_s", [pytest.param(None, marks=pytest.mark.slow_spark), 0.5]
+)
 def test_window_state_and_watermarks_survive_a_stop_and_restart(spark, tmp_path, commit_interval_s):
     files = [[{"t": 3 * f + i, "v": 10 * f + i} for i in range(3)] for f in range(6)]
     write_rows(tmp_path / "in", files)

@@ -246,7 +246,14 @@ CASES: dict[str, Callable[[], Case]] = {
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
+#: Cases run with ``-m slow_spark`` only: each kind of window keeps its lateness case in CI.
+SLOW = ("sliding-on-time", "session-on-time", "custom-on-time")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow_spark) if n in SLOW else n for n in CASES],
+)
 def test_windows_fire_and_drop_as_the_reference(spark, tmp_path, name):
     case = CASES[name]()
     files = batches(case)

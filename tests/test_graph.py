@@ -211,7 +211,11 @@ def test_label_propagation_matches_the_rule_round_by_round(spark, seed):
 
 @pytest.mark.parametrize(
     ("seed", "method", "personal"),
-    [(1, "arrow", False), (2, "arrow", True), (3, "dataframe", True)],
+    [
+        (1, "arrow", False),
+        (2, "arrow", True),
+        pytest.param(3, "dataframe", True, marks=pytest.mark.slow_spark),
+    ],
 )
 def test_pagerank_matches_networkx_with_self_loops_duplicates_and_dangling(
     spark, seed, method, personal

@@ -316,6 +316,7 @@ def test_logistic_pipeline_matches_mllib_and_survives_save_and_load(spark, class
     assert restored.predict(point["features"]) == point["prediction"]
 
 
+@pytest.mark.slow_spark  # half a minute of MLlib fits; the pipeline tests stay in CI
 def test_cross_validator_picks_the_regparam_mllib_picks(spark, classes):
     from pyspark.ml.classification import LogisticRegression as MLlibLogistic
     from pyspark.ml.evaluation import MulticlassClassificationEvaluator
