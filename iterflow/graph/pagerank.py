@@ -52,7 +52,13 @@ from iterflow.graph.graphs import (
     with_column,
 )
 from iterflow.graph.methods import choose_method
-from iterflow.graph.vectors import built_once, cell_values, edge_positions, vertex_ids
+from iterflow.graph.vectors import (
+    built_once,
+    cell_values,
+    edge_positions,
+    sorted_distinct,
+    vertex_ids,
+)
 
 ALPHA = 0.85
 
@@ -177,7 +183,7 @@ def edge_indices(ids: pa.Array, *, distinct: bool = True) -> Callable[[pa.Table]
         src, dst = edge_positions(table, ids)
         n = len(ids)
         pairs = src * n + dst
-        pairs = np.unique(pairs) if distinct else np.sort(pairs)  # sorted by source
+        pairs = sorted_distinct(pairs) if distinct else np.sort(pairs)  # sorted by source
         src, dst = pairs // n, pairs % n
         first = np.ones(len(src), dtype=bool)
         first[1:] = src[1:] != src[:-1]
