@@ -98,7 +98,8 @@ def one_size(spark: Any, n: int, m: int) -> dict[str, Any]:
     scipy_s, expected = timed(scipy_pagerank, src, dst, n, ROUNDS)
     csgraph_s, labels = timed(scipy_components, src, dst, n)
     out: dict[str, Any] = {
-        "auto_picks": choose_method("pagerank", "auto", g)[0],
+        "auto_picks": choose_method("pagerank", "auto", g, rounds=ROUNDS)[0],
+        "auto_picks_components": choose_method("connected_components", "auto", g)[0],
         "scipy_pagerank_s": scipy_s,
         "scipy_components_s": csgraph_s,
     }

@@ -297,7 +297,8 @@ def connected_components(
     round. With ``method="dataframe"`` its ``RoundEnd.progress.observed`` has
     ``messages`` (the workset edges hooked across) and ``active`` (the vertices
     whose label changed); with ``method="arrow"`` (numpy kernels, the label vector
-    in memory; ``"auto"`` picks it up to ``VECTOR_LIMIT`` vertices) the same two
+    in memory; ``"auto"`` picks it up to ``VECTOR_LIMIT`` vertices unless the measured
+    cost model, ``methods.COSTS``, predicts blocks faster) the same two
     counts are ``progress.metrics["messages"]`` and ``["active"]``. Other
     keyword arguments go to ``BoundedIteration.run`` (``progress``, ``event_log``,
     ``checkpoint_dir``...); with ``method="dataframe"`` the estimate of the rounds

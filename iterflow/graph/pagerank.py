@@ -51,7 +51,7 @@ from iterflow.graph.graphs import (
     run_iteration,
     with_column,
 )
-from iterflow.graph.methods import choose_method
+from iterflow.graph.methods import choose_method, pagerank_rounds
 from iterflow.graph.vectors import (
     built_once,
     cell_values,
@@ -556,9 +556,10 @@ def pagerank(
     sum to at most 1. ``method`` is ``"arrow"``
     (numpy kernels over the edges kept as Arrow files; the rank vector is held in
     memory), ``"blocks"`` (numpy kernels over rank slices kept in Spark; ``blocks``
-    of them), ``"dataframe"`` (joins over rank rows) or ``"auto"`` (``"arrow"`` up
-    to ``VECTOR_LIMIT`` vertices, ``"blocks"`` above). ``listen`` and ``run_options`` are as in
-    ``connected_components``.
+    of them), ``"dataframe"`` (joins over rank rows) or ``"auto"`` (``"blocks"``
+    above ``VECTOR_LIMIT`` vertices; below, the faster of ``"arrow"`` and ``"blocks"``
+    by a cost model measured for the number of edges and rounds, ``methods.COSTS``).
+    ``listen`` and ``run_options`` are as in ``connected_components``.
 
     Example::
 
@@ -569,7 +570,8 @@ def pagerank(
         raise GraphError(f"pagerank(alpha={alpha}) must be between 0 and 1")
     if normalization not in ("networkx", "graphx"):
         raise GraphError(f"pagerank(normalization={normalization!r}): use 'networkx' or 'graphx'")
-    method, n = choose_method("pagerank", method, g)
+    rounds = pagerank_rounds(alpha, tol, max_rounds)
+    method, n = choose_method("pagerank", method, g, rounds=rounds)
     if n == 0:
         raise GraphError("pagerank() needs at least one vertex; the vertices are empty")
     how = _Ranking(alpha, tol, max_rounds, personalization, normalization == "graphx")
