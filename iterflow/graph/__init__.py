@@ -11,6 +11,7 @@ from iterflow.graph.components import connected_components
 from iterflow.graph.frame import GraphFrame
 from iterflow.graph.graphs import Graph, GraphError, as_graph
 from iterflow.graph.labels import label_propagation
+from iterflow.graph.messages import AggregateMessages, aggregate_messages
 from iterflow.graph.pagerank import initial_ranks, pagerank, pagerank_body
 from iterflow.graph.paths import shortest_paths, weighted_shortest_paths
 from iterflow.graph.pregel import pregel
@@ -18,10 +19,12 @@ from iterflow.graph.pregel_columns import Pregel
 from iterflow.graph.scc import strongly_connected_components
 
 __all__ = [
+    "AggregateMessages",
     "Graph",
     "GraphError",
     "GraphFrame",
     "Pregel",
+    "aggregate_messages",
     "as_graph",
     "bfs",
     "connected_components",

@@ -23,9 +23,11 @@ from pyspark.storagelevel import StorageLevel
 
 from iterflow.graph.bfs import bfs
 from iterflow.graph.components import connected_components, undirected_edges
+from iterflow.graph.frame_methods import GraphFrameMethods
 from iterflow.graph.frame_pregel import PregelBuilder
-from iterflow.graph.graphs import Graph, GraphError, as_graph, nested
+from iterflow.graph.graphs import Graph, GraphError, as_graph
 from iterflow.graph.labels import label_propagation
+from iterflow.graph.messages import triplets
 from iterflow.graph.pagerank import pagerank
 from iterflow.graph.paths import shortest_paths
 from iterflow.graph.scc import strongly_connected_components
@@ -44,8 +46,8 @@ def _algorithm(method: str, algorithm: str, known: tuple[str, ...]) -> None:
         )
 
 
-@attrs.frozen
-class GraphFrame(Graph):
+@attrs.frozen(init=False)
+class GraphFrame(GraphFrameMethods, Graph):
     """A graph with GraphFrames' methods: vertices with ``id``, edges with ``src`` and ``dst``.
 
     ``GraphFrame.of(g)`` wraps a ``graphframes.GraphFrame`` or any object with
@@ -58,6 +60,21 @@ class GraphFrame(Graph):
         g.pageRank(resetProbability=0.15, maxIter=20).vertices   # id, pagerank
         g.connectedComponents()                                  # id, component
     """
+
+    def __init__(
+        self,
+        v: DataFrame | None = None,
+        e: DataFrame | None = None,
+        *,
+        vertices: DataFrame | None = None,
+        edges: DataFrame | None = None,
+    ) -> None:
+        """``GraphFrame(v, e)``, as GraphFrames takes it (also ``v=``, ``e=``, or
+        ``vertices=``, ``edges=``); a missing column is a ``GraphError``, a ValueError."""
+        given_v, given_e = (v if v is not None else vertices), (e if e is not None else edges)
+        if given_v is None or given_e is None:
+            raise GraphError("GraphFrame(v, e) needs a vertices and an edges DataFrame")
+        self.__attrs_init__(given_v, given_e)
 
     @classmethod
     def of(cls, graph: Any) -> GraphFrame:
@@ -100,14 +117,7 @@ class GraphFrame(Graph):
     @property
     def triplets(self) -> DataFrame:
         """``src``, ``edge``, ``dst``: every edge with its two vertices, as structs."""
-        v = self.vertices
-        source, target = v.select(nested(v, "src")), v.select(nested(v, "dst"))
-        edge = self.edges.select(nested(self.edges, "edge"))
-        return (
-            edge.join(source, F.col("edge.src") == F.col("src.id"))
-            .join(target, F.col("edge.dst") == F.col("dst.id"))
-            .select("src", "edge", "dst")
-        )
+        return triplets(self)
 
     @property
     def pregel(self) -> PregelBuilder:
@@ -203,7 +213,11 @@ class GraphFrame(Graph):
         """Vertices with ``component`` (long): the smallest id of their weakly connected
         component (for ids that are not integers, a long numbering the components;
         with ``useLabelsAsComponents=True`` the smallest id itself)."""
-        _algorithm("connectedComponents", algorithm, ("graphframes", "graphx"))
+        _algorithm(
+            "connectedComponents",
+            algorithm,
+            ("graphframes", "graphx", "two_phase", "randomized_contraction"),
+        )
         components = connected_components(self, max_rounds=max_iter, listen=listen, **run_options)
         if useLabelsAsComponents:
             return components

@@ -107,6 +107,29 @@ class PregelBuilder:
         self._skip_inactive = bool(value)
         return self
 
+    def setUseLocalCheckpoints(self, value: bool) -> PregelBuilder:
+        """Accepted for GraphFrames' code and ignored: iterflow keeps each round's state
+        itself (``run(checkpoint_dir=...)`` for durable checkpoints)."""
+        return self
+
+    def setIntermediateStorageLevel(self, storage_level: Any) -> PregelBuilder:
+        """Accepted for GraphFrames' code and ignored: iterflow persists and releases each
+        round's state itself."""
+        return self
+
+    def required_src_columns(self, col_name: str, *col_names: str) -> PregelBuilder:
+        """Accepted for GraphFrames' code and ignored: every vertex column is available in
+        the triplets (GraphFrames uses it to prune them)."""
+        return self
+
+    def required_dst_columns(self, col_name: str, *col_names: str) -> PregelBuilder:
+        """Accepted and ignored, as ``required_src_columns``."""
+        return self
+
+    def required_edge_columns(self, col_name: str, *col_names: str) -> PregelBuilder:
+        """Accepted and ignored, as ``required_src_columns``."""
+        return self
+
     def withVertexColumn(
         self,
         colName: str,
