@@ -232,3 +232,62 @@ def test_power_iteration_clustering_and_the_methods_not_built(spark):
         g.neighborhood_aware_cdlp(max_iter=1)
     with pytest.raises(ValueError, match="must be > 0 when ignore_direct_links"):
         g.neighborhood_aware_cdlp(structural_similarity_multiplier=0.0, ignore_direct_links=True)
+
+
+def _walks(start: int, hops: int, allowed) -> list[list[tuple[int, int, int]]]:
+    """Every walk of 1..hops edges from ``start`` over the edges (index, src, dst) that
+    ``allowed`` keeps, as lists of edges."""
+    walks, frontier = [], [[]]
+    for _ in range(hops):
+        frontier = [
+            [*w, (i, a, b)]
+            for w in frontier
+            for i, (a, b) in enumerate(PAIRS)
+            if allowed(i) and a == (w[-1][2] if w else start)
+        ]
+        walks += frontier
+    return walks
+
+
+def test_aggregate_neighbors_carries_accumulators_along_walks_to_targets(g):
+    from iterflow.graph import AggregateNeighbors as AN
+
+    rows = g.aggregate_neighbors(
+        starting_vertices="id = 0",
+        accumulator_names=["total", "weights"],
+        accumulator_inits=[F.col("x"), F.lit(0.0)],
+        accumulator_updates=[
+            F.col("total") + AN.dst_attr("x"),
+            F.col("weights") + AN.edge_attr("w"),
+        ],
+        max_hops=4,
+        target_condition=AN.dst_attr("id").isin(3, 9),
+        edge_filter=AN.edge_attr("kind") != "c",
+    ).collect()
+    expected = Counter()
+    for walk in _walks(0, 4, lambda i: KINDS[i] != "c"):
+        if any(b in (3, 9) for _, _, b in walk[:-1]):
+            continue  # a path ends at its first target
+        *_, (_, _, end) = walk
+        if end in (3, 9):
+            total = sum(b * 10 for _, _, b in walk)
+            expected[(end, len(walk), total, sum(float(i) for i, _, _ in walk))] += 1
+    assert Counter((r.id, r.hop, r.total, r.weights) for r in rows) == expected
+    stopped = g.aggregate_neighbors(
+        F.col("id") == 1,
+        ["n"],
+        [F.lit(0)],
+        [F.col("n") + 1],
+        max_hops=3,
+        stopping_condition=AN.src_attr("id") == 2,
+        remove_loops=True,
+    ).collect()
+    ends = Counter()
+    for walk in _walks(1, 3, lambda i: PAIRS[i][0] != PAIRS[i][1]):
+        if any(a == 2 for _, a, _ in walk[:-1]):
+            continue
+        if walk[-1][1] == 2:
+            ends[(walk[-1][2], len(walk))] += 1
+    assert Counter((r.id, r.hop) for r in stopped) == ends
+    with pytest.raises(GraphError, match="target_condition, a stopping_condition"):
+        g.aggregate_neighbors("id = 0", ["n"], [F.lit(0)], [F.col("n") + 1])

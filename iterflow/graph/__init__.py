@@ -12,6 +12,7 @@ from iterflow.graph.frame import GraphFrame
 from iterflow.graph.graphs import Graph, GraphError, as_graph
 from iterflow.graph.labels import label_propagation
 from iterflow.graph.messages import AggregateMessages, aggregate_messages
+from iterflow.graph.neighbours import AggregateNeighbors
 from iterflow.graph.pagerank import initial_ranks, pagerank, pagerank_body
 from iterflow.graph.paths import shortest_paths, weighted_shortest_paths
 from iterflow.graph.pregel import pregel
@@ -20,6 +21,7 @@ from iterflow.graph.scc import strongly_connected_components
 
 __all__ = [
     "AggregateMessages",
+    "AggregateNeighbors",
     "Graph",
     "GraphError",
     "GraphFrame",

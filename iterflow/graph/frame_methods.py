@@ -19,7 +19,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.storagelevel import StorageLevel
 
-from iterflow.graph import cores, messages, motifs, simple_paths, triangles, views
+from iterflow.graph import cores, messages, motifs, neighbours, simple_paths, triangles, views
 from iterflow.graph.graphs import GraphError
 
 _DEFAULT_STORAGE = StorageLevel.MEMORY_AND_DISK_DESER
@@ -253,9 +253,41 @@ class GraphFrameMethods:
             )
         raise _not_built("neighborhood_aware_cdlp", "use GraphFrame.labelPropagation(maxIter=...)")
 
-    def aggregate_neighbors(self, *args: Any, **kwargs: Any) -> DataFrame:
-        """Not built: ``all_paths`` and ``pregel`` walk paths and carry values along them."""
-        raise _not_built(
-            "aggregate_neighbors",
-            "use GraphFrame.all_paths for paths, or GraphFrame.pregel to carry values along edges",
+    def aggregate_neighbors(
+        self,
+        starting_vertices: Column | str,
+        accumulator_names: list[str],
+        accumulator_inits: list[Column | str],
+        accumulator_updates: list[Column | str],
+        max_hops: int = 3,
+        stopping_condition: Column | str | None = None,
+        target_condition: Column | str | None = None,
+        required_vertex_attributes: list[str] | None = None,
+        required_edge_attributes: list[str] | None = None,
+        edge_filter: Column | str | None = None,
+        remove_loops: bool = False,
+        checkpoint_interval: int = 2,
+        use_local_checkpoints: bool = False,
+        storage_level: Any = _DEFAULT_STORAGE,
+        *,
+        listen: Any = None,
+        **run_options: Any,
+    ) -> DataFrame:
+        """``id``, ``hop`` and the accumulators of every path from a starting vertex that
+        ended as a result (``iterflow.graph.neighbours.aggregate_neighbors``)."""
+        return neighbours.aggregate_neighbors(
+            self,
+            starting_vertices,
+            accumulator_names,
+            accumulator_inits,
+            accumulator_updates,
+            max_hops=max_hops,
+            stopping_condition=stopping_condition,
+            target_condition=target_condition,
+            required_vertex_attributes=required_vertex_attributes,
+            required_edge_attributes=required_edge_attributes,
+            edge_filter=edge_filter,
+            remove_loops=remove_loops,
+            listen=listen,
+            **run_options,
         )
