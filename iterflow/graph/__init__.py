@@ -17,6 +17,7 @@ from iterflow.graph.pagerank import initial_ranks, pagerank, pagerank_body
 from iterflow.graph.paths import shortest_paths, weighted_shortest_paths
 from iterflow.graph.pregel import pregel
 from iterflow.graph.pregel_columns import Pregel
+from iterflow.graph.programs import VertexProgram
 from iterflow.graph.scc import strongly_connected_components
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "GraphError",
     "GraphFrame",
     "Pregel",
+    "VertexProgram",
     "aggregate_messages",
     "as_graph",
     "bfs",

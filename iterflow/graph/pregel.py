@@ -49,6 +49,7 @@ from iterflow.graph.block_layout import Layout, apart, vertex_layout
 from iterflow.graph.graphs import Graph, GraphError, as_graph, graph_result, run_iteration
 from iterflow.graph.methods import choose_method
 from iterflow.graph.pregel_columns import DST, EDGE, MSG, OLD, SRC, Pregel, sent_nothing
+from iterflow.graph.programs import VertexProgram, run_program
 
 _NEW = "_pregel_new_"
 _ACTIVE = "_pregel_active"
@@ -173,8 +174,9 @@ def _with_updates(vertices: DataFrame, updated: DataFrame, columns: list[str]) -
 def pregel(
     graph: Any,
     *,
-    init: Mapping[str, Column],
-    update: Mapping[str, Column],
+    init: Mapping[str, Column] | None = None,
+    update: Mapping[str, Column] | None = None,
+    program: VertexProgram | None = None,
     send_to_dst: Column | None = None,
     send_to_src: Column | None = None,
     aggregate: Callable[[Column], Column] = F.sum,
@@ -208,8 +210,22 @@ def pregel(
                update={"dist": F.least(F.col("dist"), Pregel.msg())},
                send_to_dst=Pregel.src("dist") + Pregel.edge("weight"),
                aggregate=F.min)
+
+    ``program=`` runs a ``VertexProgram`` (numpy functions over state arrays) instead of
+    expressions: on the vector path, the state on the driver and the edges resident in
+    the executors (see ``iterflow.graph.programs``).
     """
-    program = PregelProgram(
+    if program is not None:
+        if init is not None or update is not None:
+            raise GraphError("pregel() takes either program= or init= and update=, not both")
+        with itf.worker_errors(GraphError):
+            vertices = run_program(
+                graph, program, max_rounds=max_rounds, listen=listen, run_options=run_options
+            )
+        return graph_result(graph, vertices)
+    if init is None or update is None:
+        raise GraphError("pregel() needs init= and update= (Column expressions), or program=")
+    expressions = PregelProgram(
         init=init,
         update=update,
         send_to_dst=send_to_dst,
@@ -220,7 +236,7 @@ def pregel(
     g = as_graph(graph)
     method, n = choose_method("pregel", method, g, below_limit="dataframe")
     with itf.worker_errors(GraphError):  # an edge to no vertex, found by a worker
-        result = program.run(
+        result = expressions.run(
             g,
             n=n,
             method=method,
