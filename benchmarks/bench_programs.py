@@ -1,0 +1,212 @@
+"""Users' own graph programs: shortest paths written as a numpy ``VertexProgram`` and as
+Column expressions, against GraphX's ``ShortestPaths``, and ``aggregate_messages``
+against the same aggregation written as a DataFrame join and groupBy.
+
+On the random graph of ``bench_graph.py`` (100,000 vertices, 1,000,000 edges; uniform
+``src`` and ``dst`` from ``numpy.random.default_rng(0)``; ``--quick``: a tenth):
+
+- single-source shortest paths in hops from vertex 0, until no distance changes:
+  ``pregel(g, program=VertexProgram(...))`` (numpy, vector path), ``pregel(g,
+  init=..., update=..., send_to_dst=...)`` (Column expressions, default method), and
+  GraphX's ``ShortestPaths.run`` with one landmark (vertex 0; GraphX measures hops *to*
+  the landmark, the same work on the reversed edges), GraphX's load of the edge list
+  counted separately. Distances are checked against scipy's breadth-first search.
+- the sum of the in-neighbours' ``x`` for every vertex: ``aggregate_messages`` against
+  ``edges.join(vertices).groupBy("dst").sum()`` written by hand, both forced with a
+  ``count()``, checked equal.
+
+One ``local[2]`` session; one warm-up run of each variant, then 3 runs each taking
+turns (``--quick``: 1). Results go to ``benchmarks/results/bench_programs.json``.
+
+    python benchmarks/bench_programs.py            # ~5 min
+    python benchmarks/bench_programs.py --quick    # ~1 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import graphx_peer
+import numpy as np
+import scipy.sparse
+import scipy.sparse.csgraph
+from _common import compare_runners, finish, log, print_table, ratio
+from bench_graph import cached_inputs, random_edges, release_graphx
+from pyspark.sql import functions as F
+
+from iterflow.graph import (
+    AggregateMessages,
+    Graph,
+    Pregel,
+    VertexProgram,
+    aggregate_messages,
+    pregel,
+)
+
+
+def hops_program() -> VertexProgram:
+    """Hops from vertex 0, in numpy: a vertex reached sends its distance + 1 along its
+    out-edges once, in the round after it was reached."""
+    return VertexProgram(
+        state={"hops": np.float64},
+        init=lambda v: {"hops": np.where(v["id"].to_numpy() == 0, 0.0, np.inf)},
+        send_to_dst=lambda src, dst, e: np.where(
+            src["hops"] + 1 < dst["hops"], src["hops"] + 1, np.nan
+        ),
+        merge="min",
+        apply=lambda s, m, got: (
+            {"hops": np.where(got, np.fmin(s["hops"], m), s["hops"])},
+            got & (m < s["hops"]),
+        ),
+    )
+
+
+def expressions_run(g: Graph) -> Any:
+    return pregel(
+        g,
+        init={"hops": F.when(F.col("id") == 0, 0.0).otherwise(F.lit(None).cast("double"))},
+        update={"hops": F.least(F.col("hops"), Pregel.msg())},
+        send_to_dst=Pregel.src("hops") + F.lit(1.0),
+        aggregate=F.min,
+        progress=False,
+    )
+
+
+def reference_hops(src: np.ndarray, dst: np.ndarray, n: int) -> np.ndarray:
+    matrix = scipy.sparse.csr_array((np.ones(len(src)), (src, dst)), shape=(n, n))
+    return scipy.sparse.csgraph.shortest_path(matrix, unweighted=True, indices=0)
+
+
+def check_hops(results: dict[str, Any], expected: np.ndarray) -> dict[str, Any]:
+    for name in ("numpy", "expressions"):
+        table = results[name].select("id", "hops").toArrow()
+        got = np.full(len(expected), np.inf)
+        values = table.column("hops").to_numpy(zero_copy_only=False)
+        got[table.column("id").to_numpy()] = np.where(np.isnan(values), np.inf, values)
+        if not np.array_equal(got, expected):
+            raise RuntimeError(f"{name}: hops differ from scipy's")
+    return {"checked_against_scipy": True}
+
+
+def shortest_paths(spark: Any, g: Graph, path: Path, expected: np.ndarray, reps: int) -> Any:
+    jgraph = graphx_peer.load_graph(spark, path, 8)
+
+    def numpy_run() -> tuple[Any, dict[str, Any]]:
+        result = pregel(g, program=hops_program(), progress=False)
+        result.count()
+        return result, {}
+
+    def expressions() -> tuple[Any, dict[str, Any]]:
+        result = expressions_run(g)
+        result.count()
+        return result, {}
+
+    def graphx() -> tuple[Any, dict[str, Any]]:
+        return graphx_peer.shortest_paths(spark, jgraph, [0]), {}
+
+    def load() -> tuple[Any, dict[str, Any]]:
+        loaded = graphx_peer.load_graph(spark, path, 8)
+        loaded.unpersist(True)
+        return None, {}
+
+    summary = compare_runners(
+        spark,
+        "shortest paths",
+        {"numpy": numpy_run, "expressions": expressions, "graphx": graphx, "graphx_load": load},
+        reps,
+        lambda results: check_hops(results, expected),
+        release=release_graphx,
+    )
+    graphx_peer.release(jgraph)
+    return summary
+
+
+def messages(spark: Any, g: Graph, reps: int) -> Any:
+    vertices = g.vertices.withColumn("x", F.col("id") % 7)
+    graph = Graph(vertices, g.edges)
+
+    def facade() -> tuple[Any, dict[str, Any]]:
+        out = aggregate_messages(
+            graph,
+            F.sum(AggregateMessages.msg).alias("total"),
+            send_to_dst=AggregateMessages.src["x"],
+        )
+        out.count()
+        return out, {}
+
+    def by_hand() -> tuple[Any, dict[str, Any]]:
+        out = (
+            g.edges.join(vertices, g.edges["src"] == vertices["id"])
+            .groupBy(F.col("dst").alias("id"))
+            .agg(F.sum("x").alias("total"))
+        )
+        out.count()
+        return out, {}
+
+    def check(results: dict[str, Any]) -> dict[str, Any]:
+        a, b = (
+            {r.id: r.total for r in results[k].collect()} for k in ("aggregate_messages", "join")
+        )
+        if a != b:
+            raise RuntimeError("aggregate_messages differs from the join and groupBy")
+        return {"equal": True}
+
+    return compare_runners(
+        spark, "messages", {"aggregate_messages": facade, "join": by_hand}, reps, check
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    n, m = (10_000, 100_000) if args.quick else (100_000, 1_000_000)
+    reps = 1 if args.quick else 3
+    spark = graphx_peer.start_session()
+    src, dst = random_edges(n, m)
+    vertices, edges = cached_inputs(spark, {"src": src, "dst": dst}, n)
+    g = Graph(vertices, edges)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "edges.txt"
+        graphx_peer.write_edge_list(path, src, dst)
+        # GraphX's ShortestPaths measures hops to the landmark: the reversed edges give
+        # hops from vertex 0, the same work as iterflow's programs.
+        reversed_path = Path(folder) / "reversed.txt"
+        graphx_peer.write_edge_list(reversed_path, dst, src)
+        log(f"shortest paths on {n:,} / {m:,}")
+        paths = shortest_paths(spark, g, reversed_path, reference_hops(src, dst, n), reps)
+    log("aggregate_messages")
+    sums = messages(spark, g, reps)
+    graphx_total = {
+        "s_median": paths["graphx"]["s_median"] + paths["graphx_load"]["s_median"],
+        "s": [a + b for a, b in zip(paths["graphx"]["s"], paths["graphx_load"]["s"], strict=True)],
+    }
+    results = {
+        "shortest_paths": paths,
+        "numpy_over_graphx_run": ratio(paths["numpy"], paths["graphx"]),
+        "numpy_over_graphx_load_and_run": ratio(paths["numpy"], graphx_total),
+        "expressions_over_graphx_run": ratio(paths["expressions"], paths["graphx"]),
+        "aggregate_messages": sums,
+        "aggregate_messages_over_join": ratio(sums["aggregate_messages"], sums["join"]),
+    }
+    rows = [
+        (f"shortest paths {k} s (median)", paths[k]["s_median"])
+        for k in ("numpy", "expressions", "graphx", "graphx_load")
+    ]
+    rows += [
+        ("numpy / GraphX run", results["numpy_over_graphx_run"]["of_medians"]),
+        ("numpy / GraphX load + run", results["numpy_over_graphx_load_and_run"]["of_medians"]),
+        ("expressions / GraphX run", results["expressions_over_graphx_run"]["of_medians"]),
+        ("aggregate_messages s (median)", sums["aggregate_messages"]["s_median"]),
+        ("join + groupBy s (median)", sums["join"]["s_median"]),
+        ("aggregate_messages / join", results["aggregate_messages_over_join"]["of_medians"]),
+    ]
+    print_table(f"users' graph programs, {n:,} / {m:,}", rows)
+    finish(spark, "bench_programs", args.quick, results, vertices=n, edges=m)
+
+
+if __name__ == "__main__":
+    main()
