@@ -23,7 +23,16 @@ from pyspark.sql import functions as F
 from test_round_progress import slow_body, values
 
 import iterflow as itf
-from iterflow.graph import Graph, connected_components, pagerank
+from iterflow.graph import (
+    AggregateMessages,
+    Graph,
+    GraphFrame,
+    VertexProgram,
+    aggregate_messages,
+    connected_components,
+    pagerank,
+    pregel,
+)
 from iterflow.ml import LogisticRegression, LogisticRegressionModel, kmeans, linear_regression
 from iterflow.testing import assert_converges, assert_frame_close
 
@@ -117,10 +126,39 @@ def graph_arrow(spark: SparkSession) -> dict:  # type: ignore[type-arg]
         warnings.simplefilter("ignore", itf.IterflowWarning)  # its messages metric
         ranks = pagerank(graph, method="arrow", tol=1e-10, max_rounds=200, progress=False)
         labels = connected_components(graph, method="arrow", progress=False)
+        smallest = pregel(graph, program=smallest_label(), progress=False)
+    frame = GraphFrame(vertices, edges)
+    heard = aggregate_messages(
+        graph, F.sum(AggregateMessages.msg).alias("n"), send_to_dst=AggregateMessages.src["id"]
+    )
     return {
         "ranks": {r["id"]: r["pagerank"] for r in ranks.collect()},
         "components": {r["id"]: r["component"] for r in labels.collect()},
+        "program_components": {r["id"]: r["label"] for r in smallest.collect()},
+        "heard": {r["id"]: r["n"] for r in heard.collect()},
+        "triangles": {r["id"]: r["count"] for r in frame.triangleCount().collect()},
+        "cores": {r["id"]: r["kcore"] for r in frame.k_core(progress=False).collect()},
+        "two_step_paths": frame.find("(a)-[]->(b); (b)-[]->(c)").count(),
     }
+
+
+def smallest_label() -> VertexProgram:
+    """Connected components as a numpy vertex program: the smallest id around, both ways."""
+
+    def smaller(mine: dict, theirs: dict) -> np.ndarray:  # type: ignore[type-arg]
+        return np.ma.masked_array(mine["label"], mine["label"] >= theirs["label"])
+
+    return VertexProgram(
+        state={"label": np.int64},
+        init=lambda v: {"label": v["id"].to_numpy()},
+        send_to_dst=lambda src, dst, e: smaller(src, dst),
+        send_to_src=lambda src, dst, e: smaller(dst, src),
+        merge="min",
+        apply=lambda s, m, got: (
+            {"label": np.where(got, np.minimum(s["label"], m), s["label"])},
+            got & (m < s["label"]),
+        ),
+    )
 
 
 def sampled(spark: SparkSession) -> dict:  # type: ignore[type-arg]

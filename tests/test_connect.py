@@ -176,6 +176,17 @@ def test_executor_metrics_warn_and_graph_arrow_paths_match_networkx(
     assert labels == {
         v: min(members) for members in nx.weakly_connected_components(reference) for v in members
     }
+    graph = connect_run["graph"]
+    assert {int(k): v for k, v in graph["program_components"].items()} == labels
+    heard = {int(k): v for k, v in graph["heard"].items()}
+    assert heard == {b: sum(a for a, d in GRAPH_EDGES if d == b) for _, b in GRAPH_EDGES}
+    simple = nx.Graph((a, b) for a, b in GRAPH_EDGES if a != b)
+    simple.add_nodes_from(range(GRAPH_VERTICES))
+    assert {int(k): v for k, v in graph["triangles"].items()} == nx.triangles(simple)
+    assert {int(k): v for k, v in graph["cores"].items()} == nx.core_number(simple)
+    assert graph["two_step_paths"] == sum(
+        1 for _, b in GRAPH_EDGES for c, _ in GRAPH_EDGES if c == b
+    )
 
 
 def test_checkpoint_dir_over_connect_is_a_directory_both_sides_see() -> None:

@@ -123,8 +123,9 @@ def with_column(vertices: DataFrame, result: DataFrame, name: str) -> DataFrame:
 
 def nested(df: DataFrame, name: str) -> Column:
     """All of ``df``'s columns as one struct column ``name`` (a vertex or edge row, as
-    GraphFrames nests them in triplets and paths)."""
-    return F.struct(*(df[c] for c in df.columns)).alias(name)
+    GraphFrames nests them in triplets and paths). The columns are named, not bound to
+    ``df``, so the struct resolves in any select of ``df``'s rows on Spark Connect too."""
+    return F.struct(*(F.col(f"`{c}`") for c in df.columns)).alias(name)
 
 
 def as_graph(graph: Any) -> Graph:
