@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 
 import iterflow as itf
 from iterflow.graph.graphs import GraphError, as_graph, run_iteration
+from iterflow.graph.simple_paths import extended_round
 
 _SRC, _DST, _EDGE = "src_attributes", "dst_attributes", "edge_attributes"
 
@@ -111,14 +112,7 @@ def _step_body(
         result = F.col("_target") if target is not None else F.col("_stop")
         arrived = judged.where(result).select("id", "hop", *names)
         open_paths = judged.where(~F.col("_target") & ~F.col("_stop")).select(*paths.columns)
-        going_on = ctx.cache(open_paths)
-        ctx.observe("active", going_on)
-        all_found = ctx.cache(found.unionByName(arrived))
-        return itf.Declaration(
-            feedback={"paths": going_on, "found": all_found},
-            outputs={"found": all_found},
-            until=itf.empty(going_on),
-        )
+        return extended_round(ctx, ctx.cache(open_paths), found, arrived)
 
     return take_step
 

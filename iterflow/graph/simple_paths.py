@@ -31,6 +31,22 @@ def _appended(path: Column, vertex: Column) -> Column:
     return F.concat(path, F.array(vertex))
 
 
+def extended_round(
+    ctx: Any, open_paths: DataFrame, found: DataFrame, arrived: DataFrame
+) -> itf.Declaration:
+    """The end of a round that extends paths: the open ones (cached by the caller) go on
+    and are the round's ``active``, the ``arrived`` ones join those ``found`` before; it
+    stops when none is open."""
+    going_on = open_paths
+    ctx.observe("active", going_on)
+    all_found = ctx.cache(found.unionByName(arrived))
+    return itf.Declaration(
+        feedback={"paths": going_on, "found": all_found},
+        outputs={"found": all_found},
+        until=itf.empty(going_on),
+    )
+
+
 @itf.body
 def close_cycles(paths: DataFrame, found: DataFrame, edges: DataFrame, ctx: Any) -> itf.Declaration:
     """One round: paths back at their start are cycles (kept from their smallest vertex);
@@ -43,14 +59,7 @@ def close_cycles(paths: DataFrame, found: DataFrame, edges: DataFrame, ctx: Any)
     going_on = stepped.where(~F.array_contains("path", F.col("id"))).select(
         "id", _appended(F.col("path"), F.col("id")).alias("path")
     )
-    open_paths = ctx.cache(going_on)
-    ctx.observe("active", open_paths)
-    all_found = ctx.cache(found.unionByName(cycles))
-    return itf.Declaration(
-        feedback={"paths": open_paths, "found": all_found},
-        outputs={"found": all_found},
-        until=itf.empty(open_paths),
-    )
+    return extended_round(ctx, ctx.cache(going_on), found, cycles)
 
 
 def detecting_cycles(graph: Any, *, listen: Any = None, **run_options: Any) -> DataFrame:
@@ -77,18 +86,13 @@ def extend_paths(
     """One round: every open path takes each edge to a vertex it has not visited; those
     at a target are found."""
     stepped = ctx.observe("messages", _extended(paths, edges))
-    longer = stepped.where(~F.array_contains("path", F.col("id"))).select(
-        "id", _appended(F.col("path"), F.col("id")).alias("path")
+    longer = ctx.cache(
+        stepped.where(~F.array_contains("path", F.col("id"))).select(
+            "id", _appended(F.col("path"), F.col("id")).alias("path")
+        )
     )
-    open_paths = ctx.cache(longer)
-    ctx.observe("active", open_paths)
-    arrived = open_paths.join(targets, "id", "left_semi").select("path")
-    all_found = ctx.cache(found.unionByName(arrived))
-    return itf.Declaration(
-        feedback={"paths": open_paths, "found": all_found},
-        outputs={"found": all_found},
-        until=itf.empty(open_paths),
-    )
+    arrived = longer.join(targets, "id", "left_semi").select("path")
+    return extended_round(ctx, longer, found, arrived)
 
 
 def _where(df: DataFrame, condition: Any, what: str) -> DataFrame:
