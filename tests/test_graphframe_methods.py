@@ -255,7 +255,7 @@ def test_aggregate_neighbors_carries_accumulators_along_walks_to_targets(g):
     rows = g.aggregate_neighbors(
         starting_vertices="id = 0",
         accumulator_names=["total", "weights"],
-        accumulator_inits=[F.col("x"), F.lit(0.0)],
+        accumulator_inits=[F.lit(0), F.lit(0.0)],  # an int that widens to long,
         accumulator_updates=[
             F.col("total") + AN.dst_attr("x"),
             F.col("weights") + AN.edge_attr("w"),

@@ -73,6 +73,52 @@ def _rows(
     return rows.select(F.col("id").alias("_key"), name) if "id" in always else rows.select(name)
 
 
+def _stepped(paths: DataFrame, edges: DataFrame, vertices: DataFrame) -> DataFrame:
+    """Every open path joined with each edge out of its vertex and both ends' rows."""
+    src = vertices.select(F.col(_DST).alias(_SRC), F.col("_key").alias("_src_key"))
+    return (
+        paths.join(edges, F.col("id") == F.col(f"{_EDGE}.src"))
+        .join(src, F.col("id") == F.col("_src_key"))
+        .join(vertices, F.col(f"{_EDGE}.dst") == F.col("_key"))
+    )
+
+
+def _updated(stepped: DataFrame, names: list[str], updates: list[Column]) -> DataFrame:
+    """The paths one edge longer: the end, the hops, the updated accumulators, the rows."""
+    return stepped.select(
+        F.col(f"{_EDGE}.dst").alias("id"),
+        (F.col("hop") + 1).alias("hop"),
+        *(u.alias(n) for n, u in zip(names, updates, strict=True)),
+        _SRC,
+        _DST,
+        _EDGE,
+    )
+
+
+def _widened(
+    starts: DataFrame,
+    edges: DataFrame,
+    vertices: DataFrame,
+    names: list[str],
+    updates: list[Column],
+) -> DataFrame:
+    """``starts`` with each accumulator cast to the type its update gives (``0`` plus a
+    long attribute is a long), so every round's paths have one schema; read from the
+    plans' schemas, without a job."""
+    for _ in range(3):
+        after = _updated(_stepped(starts, edges, vertices), names, updates).schema
+        changed = [n for n in names if after[n].dataType != starts.schema[n].dataType]
+        if not changed:
+            return starts
+        starts = starts.select(
+            *(
+                F.col(c).cast(after[c].dataType).alias(c) if c in changed else c
+                for c in starts.columns
+            )
+        )
+    raise GraphError(f"aggregate_neighbors: the accumulators {names} change type at every hop")
+
+
 def _step_body(
     names: list[str], updates: list[Column], target: Column | None, stopping: Column | None
 ) -> itf.IterationBody:
@@ -84,21 +130,9 @@ def _step_body(
     ) -> itf.Declaration:
         """One hop: every open path takes each edge out of its vertex; results and ends
         are sorted out after the accumulators' update."""
-        src = vertices.select(F.col(_DST).alias(_SRC), F.col("_key").alias("_src_key"))
-        stepped = (
-            paths.join(edges, F.col("id") == F.col(f"{_EDGE}.src"))
-            .join(src, F.col("id") == F.col("_src_key"))
-            .join(vertices, F.col(f"{_EDGE}.dst") == F.col("_key"))
-        )
+        stepped = _stepped(paths, edges, vertices)
         ctx.observe("messages", stepped)
-        updated = stepped.select(
-            F.col(f"{_EDGE}.dst").alias("id"),
-            (F.col("hop") + 1).alias("hop"),
-            *(u.alias(n) for n, u in zip(names, updates, strict=True)),
-            _SRC,
-            _DST,
-            _EDGE,
-        )
+        updated = _updated(stepped, names, updates)
         no = F.lit(False)
         judged = ctx.cache(
             updated.select(
@@ -168,12 +202,14 @@ def aggregate_neighbors(
     stopping = (
         None if stopping_condition is None else _column(stopping_condition, "stopping_condition")
     )
+    vertex_rows = _rows(g.vertices, required_vertex_attributes, _DST, ("id",))
+    starts = _widened(starts, edge_rows, vertex_rows, names, updates)
     iteration = (
         itf.BoundedIteration(_step_body(names, updates, target, stopping))
         .bind("paths", starts)
         .bind("found", starts.limit(0))
         .bind("edges", edge_rows)
-        .bind("vertices", _rows(g.vertices, required_vertex_attributes, _DST, ("id",)))
+        .bind("vertices", vertex_rows)
         .until(itf.max_rounds(max_hops))
     )
     return run_iteration(iteration, listen, run_options).outputs["found"]
