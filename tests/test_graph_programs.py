@@ -140,3 +140,16 @@ def test_bad_programs_are_graph_errors(spark):
     g, _, _ = random_graph(spark, n=5, m=5)
     with pytest.raises(GraphError, match="either program="):
         pregel(g, program=SSSP, init={"dist": F.lit(0.0)}, update={})
+
+
+def test_a_round_finds_its_senders_edges_by_mask_or_binary_search():
+    from iterflow.graph.programs import _senders
+
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        n, m = int(rng.integers(1, 50)), int(rng.integers(0, 300))
+        sources = np.sort(rng.integers(0, n, m))
+        active = rng.random(n) < rng.random() * 0.3
+        picked = _senders(sources, active)
+        positions = np.flatnonzero(picked) if picked.dtype == bool else picked
+        assert np.array_equal(positions, np.flatnonzero(active[sources]))

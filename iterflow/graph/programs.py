@@ -101,6 +101,19 @@ def _sent(messages: Any, count: int, who: str) -> tuple[np.ndarray, np.ndarray]:
     return values, sends
 
 
+def _senders(sources: np.ndarray, active: np.ndarray) -> np.ndarray:
+    """The edges whose source is active: a mask when many are, else the positions of
+    their edges found by binary search in ``sources`` (sorted), so that a round with few
+    active vertices costs their edges, not all the partition's."""
+    awake = np.flatnonzero(active)
+    if len(awake) * 8 >= len(sources):
+        return active[sources]
+    first = np.searchsorted(sources, awake, "left")
+    counts = np.searchsorted(sources, awake, "right") - first
+    offsets = np.cumsum(counts) - counts
+    return np.arange(int(counts.sum())) + np.repeat(first - offsets, counts)
+
+
 class MessageStep(itf.CombineFn):
     """One round of a ``VertexProgram``: every partition of the edges merges the messages
     its active senders send into an array per vertex (and a mask of vertices reached); the
@@ -121,7 +134,7 @@ class MessageStep(itf.CombineFn):
         ):
             if send is None:
                 continue
-            live = self.active[frm]
+            live = _senders(src, self.active) if who == "send_to_dst" else self.active[frm]
             edges = {c: v[live] for c, v in columns.items() if not c.startswith("_")}
             ends = frm[live], to[live]
             at_src, at_dst = ends if who == "send_to_dst" else ends[::-1]
@@ -207,9 +220,12 @@ def _program_body(program: VertexProgram, ids: pa.Array) -> itf.IterationBody:
     messages = itf.metrics.counter("messages")
 
     def prepare(table: pa.Table) -> pa.Table:
+        """Positions for ids, and the edges sorted by source: a round finds its active
+        senders' edges by binary search (``_senders``)."""
         src, dst = edge_positions(table, ids)
-        others = {c: table[c] for c in table.column_names if c not in ("src", "dst")}
-        return pa.table({"_src": src, "_dst": dst, **others})
+        order = np.argsort(src, kind="stable")
+        others = {c: table[c].take(order) for c in table.column_names if c not in ("src", "dst")}
+        return pa.table({"_src": src[order], "_dst": dst[order], **others})
 
     @itf.body
     def vertex_program(
