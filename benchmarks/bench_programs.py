@@ -11,6 +11,11 @@ On the random graph of ``bench_graph.py`` (100,000 vertices, 1,000,000 edges; un
   GraphX's ``ShortestPaths.run`` with one landmark (vertex 0; GraphX measures hops *to*
   the landmark, the same work on the reversed edges), GraphX's load of the edge list
   counted separately. Distances are checked against scipy's breadth-first search.
+- the cost of a round against the edges its active vertices send along: weighted
+  shortest paths as a numpy ``VertexProgram`` on ``bench_graph.py``'s layered DAG (25
+  layers of 200 vertices, 960,200 edges; ``--quick``: 8 x 60), where one layer is
+  active a round, and the same program sending along every edge every round; a line
+  fitted to (messages, seconds) of every round gives the cost per message and per round.
 - the sum of the in-neighbours' ``x`` for every vertex: ``aggregate_messages`` against
   ``edges.join(vertices).groupBy("dst").sum()`` written by hand, both forced with a
   ``count()``, checked equal.
@@ -34,7 +39,7 @@ import numpy as np
 import scipy.sparse
 import scipy.sparse.csgraph
 from _common import compare_runners, finish, log, print_table, ratio
-from bench_graph import cached_inputs, random_edges, release_graphx
+from bench_graph import Rounds, cached_inputs, layered_dag, random_edges, release_graphx
 from pyspark.sql import functions as F
 
 from iterflow.graph import (
@@ -159,6 +164,61 @@ def messages(spark: Any, g: Graph, reps: int) -> Any:
     )
 
 
+def weighted_program(every_edge: bool) -> VertexProgram:
+    """Shortest paths by ``weight`` from vertex 0; ``every_edge``: every vertex stays
+    active and sends along every edge every round (the same distances, all the work)."""
+
+    def send(src: dict, dst: dict, e: dict) -> np.ndarray:  # type: ignore[type-arg]
+        offer = src["dist"] + e["weight"]
+        return offer if every_edge else np.where(offer < dst["dist"], offer, np.nan)
+
+    return VertexProgram(
+        state={"dist": np.float64},
+        init=lambda v: {"dist": np.where(v["id"].to_numpy() == 0, 0.0, np.inf)},
+        send_to_dst=send,
+        merge="min",
+        apply=lambda s, m, got: (
+            {"dist": np.where(got, np.fmin(s["dist"], m), s["dist"])},
+            np.ones(len(m), dtype=bool) if every_edge else got & (m < s["dist"]),
+        ),
+    )
+
+
+def dag_rounds(spark: Any, layers: int, width: int) -> dict[str, Any]:
+    """Per-round seconds and messages of both programs on the layered DAG, and the line
+    ``seconds = intercept + slope * messages`` fitted to all their rounds but round 0
+    (which loads the edges)."""
+    src, dst, weight = layered_dag(layers, width)
+    n = 1 + layers * width
+    vertices, edges = cached_inputs(spark, {"src": src, "dst": dst, "weight": weight}, n)
+    g = Graph(vertices, edges)
+    out: dict[str, Any] = {}
+    for name, every in (("active", False), ("every_edge", True)):
+        for attempt in ("warm-up", "measured"):
+            rounds = Rounds()
+            result = pregel(
+                g,
+                program=weighted_program(every),
+                max_rounds=layers + 1,
+                listen=rounds,
+                progress=False,
+            )
+            result.count()
+            log(f"  dag {name} ({attempt}): {len(rounds.progress)} rounds")
+        summary = rounds.summary()
+        out[name] = {
+            "messages": [c.get("messages") or 0 for c in summary["counts"]],
+            "round_s": summary["duration_s"],
+        }
+    xs = [m for v in out.values() for m in v["messages"][1:]]
+    ys = [t for v in out.values() for t in v["round_s"][1:]]
+    slope, intercept = np.polyfit(xs, ys, 1)
+    out["fit"] = {"intercept_s": float(intercept), "s_per_million_messages": float(slope) * 1e6}
+    vertices.unpersist()
+    edges.unpersist()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -180,6 +240,8 @@ def main() -> None:
         paths = shortest_paths(spark, g, reversed_path, reference_hops(src, dst, n), reps)
     log("aggregate_messages")
     sums = messages(spark, g, reps)
+    log("rounds against active edges on the layered DAG")
+    dag = dag_rounds(spark, *((8, 60) if args.quick else (25, 200)))
     graphx_total = {
         "s_median": paths["graphx"]["s_median"] + paths["graphx_load"]["s_median"],
         "s": [a + b for a, b in zip(paths["graphx"]["s"], paths["graphx_load"]["s"], strict=True)],
@@ -191,6 +253,7 @@ def main() -> None:
         "expressions_over_graphx_run": ratio(paths["expressions"], paths["graphx"]),
         "aggregate_messages": sums,
         "aggregate_messages_over_join": ratio(sums["aggregate_messages"], sums["join"]),
+        "dag_rounds": dag,
     }
     rows = [
         (f"shortest paths {k} s (median)", paths[k]["s_median"])
@@ -203,6 +266,10 @@ def main() -> None:
         ("aggregate_messages s (median)", sums["aggregate_messages"]["s_median"]),
         ("join + groupBy s (median)", sums["join"]["s_median"]),
         ("aggregate_messages / join", results["aggregate_messages_over_join"]["of_medians"]),
+        ("DAG round: intercept s", dag["fit"]["intercept_s"]),
+        ("DAG round: s per million messages", dag["fit"]["s_per_million_messages"]),
+        ("DAG active: median round s", float(np.median(dag["active"]["round_s"][1:]))),
+        ("DAG every edge: median round s", float(np.median(dag["every_edge"]["round_s"][1:]))),
     ]
     print_table(f"users' graph programs, {n:,} / {m:,}", rows)
     finish(spark, "bench_programs", args.quick, results, vertices=n, edges=m)
