@@ -140,6 +140,8 @@ def test_bad_programs_are_graph_errors(spark):
     g, _, _ = random_graph(spark, n=5, m=5)
     with pytest.raises(GraphError, match="either program="):
         pregel(g, program=SSSP, init={"dist": F.lit(0.0)}, update={})
+    with pytest.raises(GraphError, match="runs on the vector path"):
+        pregel(g, program=SSSP, method="blocks")
 
 
 def test_a_round_finds_its_senders_edges_by_mask_or_binary_search():

@@ -9,6 +9,7 @@ messages are sent as one struct of them. Vertices that receive no message have n
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -111,11 +112,25 @@ def aggregate_messages(
         raise GraphError("aggregate_messages needs at least one aggregate (agg=...)")
     if not to_src and not to_dst:
         raise GraphError("aggregate_messages needs send_to_src=, send_to_dst= or both")
-    edges = triplets(graph)
+    g = as_graph(graph)
+    sent_columns = [*to_src, *to_dst]
+    edges = g.edges.select(nested(g.edges, "edge"))
+    for end in ("src", "dst"):
+        # A side no message mentions is not joined (the one join the hand-written
+        # aggregation has); the check errs towards joining.
+        if any(_mentions(column, end) for column in sent_columns):
+            side = g.vertices.select(nested(g.vertices, end))
+            edges = edges.join(side, F.col(f"edge.{end}") == F.col(f"{end}.id"))
     sent = [
-        edges.select(F.col(f"{end}.id").alias("id"), _message(columns))
+        edges.select(F.col(f"edge.{end}").alias("id"), _message(columns))
         for end, columns in (("src", to_src), ("dst", to_dst))
         if columns
     ]
     messages = sent[0] if len(sent) == 1 else sent[0].unionByName(sent[1])
     return messages.groupBy("id").agg(*aggregates)
+
+
+def _mentions(column: Column, name: str) -> bool:
+    """Whether ``column``'s expression may refer to the struct column ``name`` (a word not
+    after a dot: ``src['x']``, ``src.x``; ``edge.src`` is not a mention)."""
+    return re.search(rf"(?<![\w.]){name}(?!\w)", str(column)) is not None

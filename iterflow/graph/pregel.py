@@ -218,6 +218,14 @@ def pregel(
     if program is not None:
         if init is not None or update is not None:
             raise GraphError("pregel() takes either program= or init= and update=, not both")
+        path, n = choose_method("pregel", method, as_graph(graph))
+        if path != "arrow":
+            raise GraphError(
+                f"pregel(program=...) runs on the vector path (the state in numpy on the "
+                f"driver), and method={method!r} on {n:,} vertices asks for {path!r} "
+                "(spark.iterflow.graph.vectorLimit bounds the vector path); write the "
+                "program as Column expressions (init=, update=, send_to_dst=) for that path"
+            )
         with itf.worker_errors(GraphError):
             vertices = run_program(
                 graph, program, max_rounds=max_rounds, listen=listen, run_options=run_options
