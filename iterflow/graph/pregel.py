@@ -218,19 +218,7 @@ def pregel(
     if program is not None:
         if init is not None or update is not None:
             raise GraphError("pregel() takes either program= or init= and update=, not both")
-        path, n = choose_method("pregel", method, as_graph(graph))
-        if path != "arrow":
-            raise GraphError(
-                f"pregel(program=...) runs on the vector path (the state in numpy on the "
-                f"driver), and method={method!r} on {n:,} vertices asks for {path!r} "
-                "(spark.iterflow.graph.vectorLimit bounds the vector path); write the "
-                "program as Column expressions (init=, update=, send_to_dst=) for that path"
-            )
-        with itf.worker_errors(GraphError):
-            vertices = run_program(
-                graph, program, max_rounds=max_rounds, listen=listen, run_options=run_options
-            )
-        return graph_result(graph, vertices)
+        return _numpy_program(graph, program, method, max_rounds, listen, run_options)
     if init is None or update is None:
         raise GraphError("pregel() needs init= and update= (Column expressions), or program=")
     expressions = PregelProgram(
@@ -254,6 +242,31 @@ def pregel(
             **run_options,
         )
     return graph_result(graph, shown(result))
+
+
+def _numpy_program(
+    graph: Any,
+    program: VertexProgram,
+    method: str,
+    max_rounds: int | None,
+    listen: Any,
+    run_options: Mapping[str, Any],
+) -> Any:
+    """``pregel(program=...)``: a ``VertexProgram`` on the vector path, or a ``GraphError``
+    naming the limit when the graph or ``method`` asks for another path."""
+    path, n = choose_method("pregel", method, as_graph(graph))
+    if path != "arrow":
+        raise GraphError(
+            f"pregel(program=...) runs on the vector path (the state in numpy on the "
+            f"driver), and method={method!r} on {n:,} vertices asks for {path!r} "
+            "(spark.iterflow.graph.vectorLimit bounds the vector path); write the "
+            "program as Column expressions (init=, update=, send_to_dst=) for that path"
+        )
+    with itf.worker_errors(GraphError):
+        vertices = run_program(
+            graph, program, max_rounds=max_rounds, listen=listen, run_options=run_options
+        )
+    return graph_result(graph, vertices)
 
 
 @attrs.frozen(kw_only=True)
