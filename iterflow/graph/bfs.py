@@ -22,7 +22,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.graph.graphs import GraphError, as_graph, checked, nested
+from iterflow.graph.graphs import GraphError, as_graph, checked, nested, where
 
 
 @itf.body
@@ -51,16 +51,6 @@ def next_level(
         outputs={"reached": levels, "found": found},
         until=itf.empty(level),
     )
-
-
-def _where(df: DataFrame, condition: str | Column, what: str) -> DataFrame:
-    try:
-        return df.where(F.expr(condition) if isinstance(condition, str) else condition)
-    except Exception as error:  # an AnalysisException or a parse error, from Spark
-        raise GraphError(
-            f"bfs({what}={condition!r}) is not a condition on the columns {df.columns}: "
-            f"{str(error).splitlines()[0]}"
-        ) from None
 
 
 def _found_target(progress: itf.RoundProgress) -> bool:
@@ -103,13 +93,13 @@ def bfs(
         raise GraphError(f"bfs(max_path_length={max_path_length}) must be >= 0")
     checked(g, "bfs()", edges=False)  # an edge to a missing vertex is no step of a path
     vertices, spark = g.vertices, g.vertices.sparkSession
-    starts = _where(vertices, from_expr, "from_expr")
-    targets = _where(vertices, to_expr, "to_expr")
-    edges = g.edges if edge_filter is None else _where(g.edges, edge_filter, "edge_filter")
+    starts = where(vertices, from_expr, "bfs(from_expr=...)")
+    targets = where(vertices, to_expr, "bfs(to_expr=...)")
+    edges = g.edges if edge_filter is None else where(g.edges, edge_filter, "bfs(edge_filter=...)")
     nothing = spark.createDataFrame([], vertices.schema)
     if not starts.take(1) or not targets.take(1):
         return nothing
-    both = _where(starts, to_expr, "to_expr")
+    both = where(starts, to_expr, "bfs(to_expr=...)")
     if both.take(1):
         return both.select(nested(both, "from"), nested(both, "to"))
     if max_path_length == 0:

@@ -121,6 +121,29 @@ def with_column(vertices: DataFrame, result: DataFrame, name: str) -> DataFrame:
     return vertices.drop(name).join(result, "id")
 
 
+def column_of(value: Any, who: str) -> Column:
+    """``value``, SQL text or a Column, as a Column; anything else is a ``GraphError``
+    naming ``who`` (the call and argument, e.g. ``"all_paths(from_expr=...)"``)."""
+    if isinstance(value, str):
+        return F.expr(value)
+    if isinstance(value, Column):
+        return value
+    raise GraphError(f"{who} takes a SQL condition (str) or a Column, got {type(value).__name__}")
+
+
+def where(df: DataFrame, condition: Any, who: str) -> DataFrame:
+    """``df``'s rows that meet ``condition`` (SQL text or a Column); a condition Spark
+    cannot apply to ``df``'s columns is a ``GraphError`` naming ``who`` and the columns."""
+    column = column_of(condition, who)
+    try:
+        return df.where(column)
+    except Exception as error:  # an AnalysisException or a parse error, from Spark
+        raise GraphError(
+            f"{who}: {condition!r} is not a condition on the columns {df.columns}: "
+            f"{str(error).splitlines()[0]}"
+        ) from None
+
+
 def nested(df: DataFrame, name: str) -> Column:
     """All of ``df``'s columns as one struct column ``name`` (a vertex or edge row, as
     GraphFrames nests them in triplets and paths). The columns are named, not bound to

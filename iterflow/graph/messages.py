@@ -16,7 +16,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from iterflow.graph.graphs import GraphError, as_graph, nested
+from iterflow.graph.graphs import GraphError, as_graph, column_of, nested
 
 #: The column that holds a message while it is aggregated (GraphFrames' name).
 MESSAGE = "MSG"
@@ -55,18 +55,7 @@ def _columns(what: str, given: Any) -> list[Column]:
     if given is None:
         return []
     items = list(given) if isinstance(given, list | tuple) else [given]
-    columns = []
-    for item in items:
-        if isinstance(item, str):
-            columns.append(F.expr(item))
-        elif isinstance(item, Column):
-            columns.append(item)
-        else:
-            raise GraphError(
-                f"aggregate_messages({what}=...) takes Columns or SQL text, got "
-                f"{type(item).__name__}"
-            )
-    return columns
+    return [column_of(item, f"aggregate_messages({what}=...)") for item in items]
 
 
 def _message(columns: Sequence[Column]) -> Column:

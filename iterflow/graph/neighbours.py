@@ -20,7 +20,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.graph.graphs import GraphError, as_graph, run_iteration
+from iterflow.graph.graphs import GraphError, as_graph, column_of, run_iteration, where
 from iterflow.graph.simple_paths import extended_round
 
 _SRC, _DST, _EDGE = "src_attributes", "dst_attributes", "edge_attributes"
@@ -45,12 +45,8 @@ class AggregateNeighbors:
         return F.col(_EDGE).getField(colName)
 
 
-def _column(value: Any, what: str) -> Column:
-    if isinstance(value, str):
-        return F.expr(value)
-    if isinstance(value, Column):
-        return value
-    raise GraphError(f"aggregate_neighbors({what}=...) takes a Column or SQL text, got {value!r}")
+def _argument(value: Any, name: str) -> Column:
+    return column_of(value, f"aggregate_neighbors({name}=...)")
 
 
 def _rows(
@@ -69,7 +65,7 @@ def _rows(
         raise GraphError(f"aggregate_neighbors: no column(s) {missing} among {df.columns}")
     rows = df.select(*df.columns, F.struct(*columns).alias(name))
     if condition is not None:
-        rows = rows.where(_column(condition, "edge_filter"))
+        rows = where(rows, condition, "aggregate_neighbors(edge_filter=...)")
     return rows.select(F.col("id").alias("_key"), name) if "id" in always else rows.select(name)
 
 
@@ -189,18 +185,20 @@ def aggregate_neighbors(
     g = as_graph(graph)
     edges = g.edges.where(F.col("src") != F.col("dst")) if remove_loops else g.edges
     edge_rows = _rows(edges, required_edge_attributes, _EDGE, ("src", "dst"), edge_filter)
-    starts = g.vertices.where(_column(starting_vertices, "starting_vertices")).select(
+    starts = where(
+        g.vertices, starting_vertices, "aggregate_neighbors(starting_vertices=...)"
+    ).select(
         "id",
         F.lit(0).alias("hop"),
         *(
-            _column(c, "accumulator_inits").alias(n)
+            _argument(c, "accumulator_inits").alias(n)
             for n, c in zip(names, accumulator_inits, strict=True)
         ),
     )
-    updates = [_column(c, "accumulator_updates") for c in accumulator_updates]
-    target = None if target_condition is None else _column(target_condition, "target_condition")
+    updates = [_argument(c, "accumulator_updates") for c in accumulator_updates]
+    target = None if target_condition is None else _argument(target_condition, "target_condition")
     stopping = (
-        None if stopping_condition is None else _column(stopping_condition, "stopping_condition")
+        None if stopping_condition is None else _argument(stopping_condition, "stopping_condition")
     )
     vertex_rows = _rows(g.vertices, required_vertex_attributes, _DST, ("id",))
     starts = _widened(starts, edge_rows, vertex_rows, names, updates)

@@ -16,7 +16,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.graph.graphs import GraphError, as_graph, run_iteration
+from iterflow.graph.graphs import GraphError, as_graph, run_iteration, where
 from iterflow.graph.views import both_directions
 
 
@@ -95,14 +95,6 @@ def extend_paths(
     return extended_round(ctx, longer, found, arrived)
 
 
-def _where(df: DataFrame, condition: Any, what: str) -> DataFrame:
-    if isinstance(condition, str):
-        return df.where(F.expr(condition))
-    if isinstance(condition, Column):
-        return df.where(condition)
-    raise GraphError(f"all_paths({what}=...) takes SQL text or a Column, got {condition!r}")
-
-
 def all_paths(
     graph: Any,
     from_expr: Any,
@@ -121,11 +113,15 @@ def all_paths(
     if not isinstance(max_path_length, int) or max_path_length < 1:
         raise GraphError(f"all_paths(max_path_length={max_path_length!r}) must be a count >= 1")
     g = as_graph(graph)
-    edges = g.edges if edge_filter is None else _where(g.edges, edge_filter, "edge_filter")
+    edges = (
+        g.edges
+        if edge_filter is None
+        else where(g.edges, edge_filter, "all_paths(edge_filter=...)")
+    )
     edges = edges.select("src", "dst")
     edges = (edges if is_directed else both_directions(edges)).distinct()
-    starts = _where(g.vertices, from_expr, "from_expr").select("id")
-    targets = _where(g.vertices, to_expr, "to_expr").select("id")
+    starts = where(g.vertices, from_expr, "all_paths(from_expr=...)").select("id")
+    targets = where(g.vertices, to_expr, "all_paths(to_expr=...)").select("id")
     iteration = (
         itf.BoundedIteration(extend_paths)
         .bind("paths", starts.select("id", F.array("id").alias("path")))

@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from iterflow.graph.components import undirected_edges
-from iterflow.graph.graphs import GraphError, as_graph
+from iterflow.graph.graphs import GraphError, as_graph, where
 
 
 def triangle_count(graph: Any) -> DataFrame:
@@ -61,7 +61,7 @@ def hyper_anf(
     g = as_graph(graph)
     edges = g.edges
     if edge_filter is not None:
-        edges = edges.where(F.expr(edge_filter) if isinstance(edge_filter, str) else edge_filter)
+        edges = where(edges, edge_filter, "hyper_anf(edge_filter=...)")
     edges = edges.select("src", "dst").distinct()
     ends = edges.select(F.explode(F.array("src", "dst")).alias("id")).distinct()
     level = ends.groupBy("id").agg(F.hll_sketch_agg("id", lg_nom_entries).alias("sketch"))

@@ -13,23 +13,12 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from iterflow.graph.graphs import Graph, GraphError, checked
-
-
-def _condition(condition: str | Column, who: str) -> Column:
-    """A filter condition given as SQL text or as a Column, as a Column."""
-    if isinstance(condition, str):
-        return F.expr(condition)
-    if isinstance(condition, Column):
-        return condition
-    raise GraphError(
-        f"{who} takes a SQL condition (str) or a Column, got {type(condition).__name__}"
-    )
+from iterflow.graph.graphs import Graph, GraphError, checked, where
 
 
 def filter_vertices(g: Graph, condition: str | Column) -> tuple[DataFrame, DataFrame]:
     """The vertices that meet ``condition``, and the edges whose two ends both remain."""
-    vertices = g.vertices.where(_condition(condition, "filterVertices"))
+    vertices = where(g.vertices, condition, "filterVertices(condition=...)")
     ids = vertices.select("id")
     edges = g.edges.join(ids.withColumnRenamed("id", "src"), "src", "left_semi").join(
         ids.withColumnRenamed("id", "dst"), "dst", "left_semi"
@@ -39,7 +28,7 @@ def filter_vertices(g: Graph, condition: str | Column) -> tuple[DataFrame, DataF
 
 def filter_edges(g: Graph, condition: str | Column) -> tuple[DataFrame, DataFrame]:
     """Every vertex, and the edges that meet ``condition``."""
-    return g.vertices, g.edges.where(_condition(condition, "filterEdges"))
+    return g.vertices, where(g.edges, condition, "filterEdges(condition=...)")
 
 
 def drop_isolated_vertices(g: Graph) -> tuple[DataFrame, DataFrame]:
