@@ -55,6 +55,7 @@ class IterationBuilder:
         self._bindings: dict[str, Binding] = {}
         self._listeners = ListenerSet()
         self._sinks: list[tuple[MetricsSink, float]] = []
+        self._notes: dict[str, Any] = {}
         self._sinks_by_output: dict[str, Sink] = {}
 
     @property
@@ -81,6 +82,13 @@ class IterationBuilder:
         instance every round.
         """
         self._listeners.add(listener, per_round=per_round)
+        return self
+
+    def note(self: Builder, **fields: Any) -> Builder:
+        """Add ``fields`` (JSON values) to the run's ``iteration_started`` event, under
+        ``notes``: what a library built on iterflow wants the event log to say about the
+        run, such as which engine it chose and why."""
+        self._notes.update(fields)
         return self
 
     def sink(self: Builder, name: str, target: Any) -> Builder:
@@ -180,6 +188,7 @@ class IterationBuilder:
                 progress=progress,
                 event_log=event_log,
                 sinks=tuple(self._sinks),
+                notes=dict(self._notes),
                 nestable=nestable,
                 progress_from=progress_from,
                 progress_interval_s=check_interval("progress_interval_s", progress_interval_s),

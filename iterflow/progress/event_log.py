@@ -170,11 +170,13 @@ class EventLog:
         resident: Mapping[str, Any] | None = None,
         parent_run_id: str | None = None,
         epoch_path: Sequence[int] = (),
+        notes: Mapping[str, Any] | None = None,
     ) -> None:
         """The run began: body name, inputs (name -> {"schema", "replay"}), conditions and
         how its kernels run (``resident``: {"mode": "resident" | "jobs", "reason"}). A run
         nested in a round of another names that run (``parent_run_id``) and the round's
-        ``epoch_path``."""
+        ``epoch_path``; ``notes`` are what the code that built the run added to it
+        (``IterationBuilder.note``)."""
         self._write(
             "iteration_started",
             run_id,
@@ -185,6 +187,7 @@ class EventLog:
             resident=dict(resident) if resident is not None else None,
             parent_run_id=parent_run_id,
             epoch_path=list(epoch_path),
+            notes=dict(notes or {}),
             iterflow_version=_iterflow_version(),
         )
 

@@ -58,6 +58,8 @@ class ObserverOptions:
     progress_interval_s: float = 0.5
     #: Seconds between ``round_progress`` events in the event log, at least (0: none).
     event_log_progress_s: float = 5.0
+    #: Fields for the ``iteration_started`` event's ``notes`` (``IterationBuilder.note``).
+    notes: Mapping[str, Any] = attrs.field(factory=dict)
 
 
 def _open_log(path: str | os.PathLike[str] | None) -> EventLog | None:
@@ -106,6 +108,7 @@ class RunObservers:
         static_conditions: Sequence[Condition],
     ) -> None:
         self.iteration = iteration
+        self._notes = dict(options.notes)
         self.run_id = uuid.uuid4().hex[:12]
         # Only an unbounded run is not nestable (its query runs on threads of its own).
         self._logger = logging.getLogger(
@@ -204,6 +207,7 @@ class RunObservers:
                 **parameters,
                 "parent_run_id": None if self.parent is None else self.parent.run_id,
                 "epoch_path": self.path,
+                "notes": dict(self._notes),
             }
             tracker = self.tracker
             self._pending_start = lambda: log.iteration_started(
