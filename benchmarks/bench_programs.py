@@ -12,10 +12,12 @@ On the random graph of ``bench_graph.py`` (100,000 vertices, 1,000,000 edges; un
   the landmark, the same work on the reversed edges), GraphX's load of the edge list
   counted separately. Distances are checked against scipy's breadth-first search.
 - the cost of a round against the edges its active vertices send along: weighted
-  shortest paths as a numpy ``VertexProgram`` on ``bench_graph.py``'s layered DAG (25
-  layers of 200 vertices, 960,200 edges; ``--quick``: 8 x 60), where one layer is
-  active a round, and the same program sending along every edge every round; a line
-  fitted to (messages, seconds) of every round gives the cost per message and per round.
+  shortest paths on ``bench_graph.py``'s layered DAG (25 layers of 200 vertices,
+  960,200 edges; ``--quick``: 8 x 60), written as a numpy ``VertexProgram`` and as
+  Column expressions (compiled to kernels), each sending only where a distance
+  improves (one layer active a round) and along every edge of every vertex that heard
+  a message; per way of writing it, a line fitted to (messages, seconds) of its rounds
+  gives the cost per message and per round.
 - the sum of the in-neighbours' ``x`` for every vertex: ``aggregate_messages`` against
   ``edges.join(vertices).groupBy("dst").sum()`` written by hand, both forced with a
   ``count()``, checked equal.
@@ -184,25 +186,61 @@ def weighted_program(every_edge: bool) -> VertexProgram:
     )
 
 
+def weighted_expressions(g: Graph, every_edge: bool, rounds: Any, max_rounds: int) -> Any:
+    """Shortest paths by ``weight`` from vertex 0 as Column expressions (compiled to
+    kernels); ``every_edge``: every vertex that received a message sends along all its
+    edges next round, whether its distance changed or not."""
+    offer = Pregel.src("dist") + Pregel.edge("weight")
+    return pregel(
+        g,
+        init={"dist": F.when(F.col("id") == 0, 0.0).otherwise(float("inf"))},
+        update={"dist": F.least(F.col("dist"), Pregel.msg())},
+        send_to_dst=offer if every_edge else F.when(offer < Pregel.dst("dist"), offer),
+        aggregate=F.min,
+        active=F.lit(True) if every_edge else None,
+        max_rounds=max_rounds,
+        listen=rounds,
+        progress=False,
+    )
+
+
+def _fit(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """``seconds = intercept + slope * messages`` over ``runs``' rounds but round 0 (which
+    loads the edges)."""
+    xs = [m for v in runs for m in v["messages"][1:]]
+    ys = [t for v in runs for t in v["round_s"][1:]]
+    slope, intercept = np.polyfit(xs, ys, 1)
+    return {"intercept_s": float(intercept), "s_per_million_messages": float(slope) * 1e6}
+
+
 def dag_rounds(spark: Any, layers: int, width: int) -> dict[str, Any]:
-    """Per-round seconds and messages of both programs on the layered DAG, and the line
-    ``seconds = intercept + slope * messages`` fitted to all their rounds but round 0
-    (which loads the edges)."""
+    """Per-round seconds and messages of the numpy and the expression programs on the
+    layered DAG, each sending along the edges that improve a distance or along every
+    edge, and per way of writing them the line ``seconds = intercept + slope *
+    messages`` fitted to their rounds."""
     src, dst, weight = layered_dag(layers, width)
     n = 1 + layers * width
     vertices, edges = cached_inputs(spark, {"src": src, "dst": dst, "weight": weight}, n)
     g = Graph(vertices, edges)
     out: dict[str, Any] = {}
-    for name, every in (("active", False), ("every_edge", True)):
+    variants = [
+        (f"{way}_{name}", way, every)
+        for way in ("numpy", "expressions")
+        for name, every in (("active", False), ("every_edge", True))
+    ]
+    for name, way, every in variants:
         for attempt in ("warm-up", "measured"):
             rounds = Rounds()
-            result = pregel(
-                g,
-                program=weighted_program(every),
-                max_rounds=layers + 1,
-                listen=rounds,
-                progress=False,
-            )
+            if way == "numpy":
+                result = pregel(
+                    g,
+                    program=weighted_program(every),
+                    max_rounds=layers + 1,
+                    listen=rounds,
+                    progress=False,
+                )
+            else:
+                result = weighted_expressions(g, every, rounds, layers + 1)
             result.count()
             log(f"  dag {name} ({attempt}): {len(rounds.progress)} rounds")
         summary = rounds.summary()
@@ -210,10 +248,10 @@ def dag_rounds(spark: Any, layers: int, width: int) -> dict[str, Any]:
             "messages": [c.get("messages") or 0 for c in summary["counts"]],
             "round_s": summary["duration_s"],
         }
-    xs = [m for v in out.values() for m in v["messages"][1:]]
-    ys = [t for v in out.values() for t in v["round_s"][1:]]
-    slope, intercept = np.polyfit(xs, ys, 1)
-    out["fit"] = {"intercept_s": float(intercept), "s_per_million_messages": float(slope) * 1e6}
+    out["fit"] = {
+        way: _fit([out[name] for name, w, _ in variants if w == way])
+        for way in ("numpy", "expressions")
+    }
     vertices.unpersist()
     edges.unpersist()
     return out
@@ -251,6 +289,7 @@ def main() -> None:
         "numpy_over_graphx_run": ratio(paths["numpy"], paths["graphx"]),
         "numpy_over_graphx_load_and_run": ratio(paths["numpy"], graphx_total),
         "expressions_over_graphx_run": ratio(paths["expressions"], paths["graphx"]),
+        "expressions_over_graphx_load_and_run": ratio(paths["expressions"], graphx_total),
         "aggregate_messages": sums,
         "aggregate_messages_over_join": ratio(sums["aggregate_messages"], sums["join"]),
         "dag_rounds": dag,
@@ -266,11 +305,20 @@ def main() -> None:
         ("aggregate_messages s (median)", sums["aggregate_messages"]["s_median"]),
         ("join + groupBy s (median)", sums["join"]["s_median"]),
         ("aggregate_messages / join", results["aggregate_messages_over_join"]["of_medians"]),
-        ("DAG round: intercept s", dag["fit"]["intercept_s"]),
-        ("DAG round: s per million messages", dag["fit"]["s_per_million_messages"]),
-        ("DAG active: median round s", float(np.median(dag["active"]["round_s"][1:]))),
-        ("DAG every edge: median round s", float(np.median(dag["every_edge"]["round_s"][1:]))),
     ]
+    for way in ("numpy", "expressions"):
+        rows += [
+            (f"DAG {way}: intercept s", dag["fit"][way]["intercept_s"]),
+            (f"DAG {way}: s per million messages", dag["fit"][way]["s_per_million_messages"]),
+            (
+                f"DAG {way} active: median round s",
+                float(np.median(dag[f"{way}_active"]["round_s"][1:])),
+            ),
+            (
+                f"DAG {way} every edge: median round s",
+                float(np.median(dag[f"{way}_every_edge"]["round_s"][1:])),
+            ),
+        ]
     print_table(f"users' graph programs, {n:,} / {m:,}", rows)
     finish(spark, "bench_programs", args.quick, results, vertices=n, edges=m)
 

@@ -27,6 +27,7 @@ from iterflow.graph import (
     AggregateMessages,
     Graph,
     GraphFrame,
+    Pregel,
     VertexProgram,
     aggregate_messages,
     connected_components,
@@ -127,6 +128,7 @@ def graph_arrow(spark: SparkSession) -> dict:  # type: ignore[type-arg]
         ranks = pagerank(graph, method="arrow", tol=1e-10, max_rounds=200, progress=False)
         labels = connected_components(graph, method="arrow", progress=False)
         smallest = pregel(graph, program=smallest_label(), progress=False)
+        compiled = compiled_programs(graph)
     frame = GraphFrame(vertices, edges)
     heard = aggregate_messages(
         graph, F.sum(AggregateMessages.msg).alias("n"), send_to_dst=AggregateMessages.src["id"]
@@ -139,6 +141,43 @@ def graph_arrow(spark: SparkSession) -> dict:  # type: ignore[type-arg]
         "triangles": {r["id"]: r["count"] for r in frame.triangleCount().collect()},
         "cores": {r["id"]: r["kcore"] for r in frame.k_core(progress=False).collect()},
         "two_step_paths": frame.find("(a)-[]->(b); (b)-[]->(c)").count(),
+        **compiled,
+    }
+
+
+def compiled_programs(graph: Graph) -> dict:  # type: ignore[type-arg]
+    """Vertex programs written as Column expressions (iterflow's pregel and GraphFrames'
+    builder), compiled to kernels from Connect's own expression trees."""
+    log = os.path.join(tempfile.mkdtemp(), "pregel.jsonl")
+    labels = pregel(
+        graph,
+        init={"label": F.col("id")},
+        update={"label": F.least(F.col("label"), Pregel.msg())},
+        send_to_dst=Pregel.src("label"),
+        send_to_src=Pregel.dst("label"),
+        aggregate=F.min,
+        progress=False,
+        event_log=log,
+    )
+    degrees = GraphFrame(graph.vertices, graph.edges).outDegrees
+    ranks = (
+        GraphFrame(graph.vertices.join(degrees, "id", "left"), graph.edges)
+        .pregel.setMaxIter(6)
+        .withVertexColumn(
+            "rank",
+            F.lit(1.0 / GRAPH_VERTICES),
+            F.coalesce(Pregel.msg(), F.lit(0.0)) * 0.85 + 0.15 / GRAPH_VERTICES,
+        )
+        .sendMsgToDst(Pregel.src("rank") / Pregel.src("outDegree"))
+        .aggMsgs(F.sum(Pregel.msg()))
+        .run(progress=False, event_log=log)
+    )
+    with open(log) as events:
+        started = [e for e in map(json.loads, events) if e["event"] == "iteration_started"]
+    return {
+        "expression_components": {r["id"]: r["label"] for r in labels.collect()},
+        "builder_ranks": {r["id"]: r["rank"] for r in ranks.collect()},
+        "engines": [e["notes"].get("engine") for e in started],
     }
 
 

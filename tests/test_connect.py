@@ -178,6 +178,16 @@ def test_executor_metrics_warn_and_graph_arrow_paths_match_networkx(
     }
     graph = connect_run["graph"]
     assert {int(k): v for k, v in graph["program_components"].items()} == labels
+    assert {int(k): v for k, v in graph["expression_components"].items()} == labels
+    assert graph["engines"] == ["kernel", "kernel"]
+    rank = dict.fromkeys(range(GRAPH_VERTICES), 1 / GRAPH_VERTICES)
+    for _ in range(6):  # GraphFrames' builder PageRank by hand (no dangling redistribution)
+        got = dict.fromkeys(rank, 0.0)
+        for a, b in GRAPH_EDGES:
+            got[b] += rank[a] / reference.out_degree(a)
+        rank = {v: got[v] * 0.85 + 0.15 / GRAPH_VERTICES for v in rank}
+    builder = {int(k): v for k, v in graph["builder_ranks"].items()}
+    assert max(abs(builder[v] - rank[v]) for v in rank) < 1e-12
     heard = {int(k): v for k, v in graph["heard"].items()}
     assert heard == {b: sum(a for a, d in GRAPH_EDGES if d == b) for _, b in GRAPH_EDGES}
     simple = nx.Graph((a, b) for a, b in GRAPH_EDGES if a != b)

@@ -22,12 +22,12 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 import iterflow as itf
-from iterflow.graph.graphs import GraphError, checked, nested
+from iterflow.graph.compiled_programs import BuilderRules, compile_builder, run_compiled
+from iterflow.graph.expressions import Unsupported
+from iterflow.graph.graphs import GraphError, as_graph, check_edge_ends, nested
+from iterflow.graph.kernel_pregel import ACTIVE, GRAPHFRAMES_MSG, Typing, engine_note
+from iterflow.graph.methods import choose_method
 from iterflow.graph.pregel_columns import DST, EDGE, MSG, SRC, Pregel, sent_nothing
-
-#: The active flag and message columns under GraphFrames' names.
-ACTIVE = "_pregel_is_active"
-GRAPHFRAMES_MSG = "_pregel_msg_"
 
 
 def _triplet_side(df: DataFrame, name: str, prefix: str) -> DataFrame:
@@ -180,7 +180,11 @@ class PregelBuilder:
             raise GraphError(
                 f"pregel.setCheckpointInterval({self._checkpoint_interval}): must be >= 0"
             )
-        checked(self.graph, "pregel.run()")
+        if run_options.get("checkpoint_dir") and self._checkpoint_interval:
+            run_options.setdefault("checkpoint_every", self._checkpoint_interval)
+        kernels, notes = self._on_kernels(listen, run_options)
+        if kernels is not None:
+            return kernels.drop(ACTIVE)
         vertices = self.graph.vertices.select(
             "*",
             *(initial.alias(name) for name, initial, _ in self._columns),
@@ -196,13 +200,49 @@ class PregelBuilder:
             iteration = iteration.until(itf.until(sent_nothing))
         if listen is not None:
             iteration = iteration.listen(listen)
-        if run_options.get("checkpoint_dir") and self._checkpoint_interval:
-            run_options.setdefault("checkpoint_every", self._checkpoint_interval)
-        result = iteration.run(**run_options)
+        result = iteration.note(**notes).run(**run_options)
         last = result.history[-1]
         # GraphFrames checks for messages before a round and does not run one without.
         name = "previous" if self._early_stopping and sent_nothing(last) else "vertices"
         return result.outputs[name].drop(ACTIVE)
+
+    def _on_kernels(
+        self, listen: Any, run_options: dict[str, Any]
+    ) -> tuple[DataFrame | None, dict[str, Any]]:
+        """The program compiled and run on the kernel engine (the vertices), or None and the
+        event log's notes saying why not: the graph is above the vector path's limit, or an
+        expression does not compile (``iterflow.graph.expressions``)."""
+        g = as_graph(self.graph)
+        assert self._aggregate is not None  # run() checked
+        path, n = choose_method("pregel", "auto", g)
+        if path != "arrow":
+            check_edge_ends(g, "pregel.run()")
+            reason = f"{n:,} vertices are above spark.iterflow.graph.vectorLimit"
+            return None, engine_note(reason, "pregel.run()")
+        typing = Typing.of(g.vertices, g.edges)
+        try:
+            compiled = compile_builder(
+                typing,
+                self._columns,
+                self._messages,
+                self._aggregate,
+                (self._initial_active, self._update_active),
+                BuilderRules(self._skip_inactive, self._early_stopping, self._stop_if_all_inactive),
+            )
+        except Unsupported as reason:
+            check_edge_ends(g, "pregel.run()")
+            return None, engine_note(str(reason), "pregel.run()")
+        with itf.worker_errors(GraphError):
+            vertices = run_compiled(
+                g,
+                compiled,
+                typing,
+                max_rounds=self._max_iter,
+                listen=listen,
+                run_options=run_options,
+                function="pregel.run()",
+            )
+        return vertices, {}
 
     def _body(self) -> itf.IterationBody:
         updates = {name: update for name, _, update in self._columns}

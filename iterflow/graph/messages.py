@@ -16,7 +16,11 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from iterflow.graph.expressions import Unsupported
 from iterflow.graph.graphs import GraphError, as_graph, column_of, nested
+from iterflow.graph.kernel_messages import on_kernels
+from iterflow.graph.kernel_pregel import engine_note
+from iterflow.graph.methods import choose_method
 
 #: The column that holds a message while it is aggregated (GraphFrames' name).
 MESSAGE = "MSG"
@@ -102,6 +106,12 @@ def aggregate_messages(
     if not to_src and not to_dst:
         raise GraphError("aggregate_messages needs send_to_src=, send_to_dst= or both")
     g = as_graph(graph)
+    path, _ = choose_method("aggregate_messages", "auto", g)
+    if path == "arrow":
+        try:
+            return on_kernels(g, aggregates, to_src, to_dst)
+        except Unsupported as reason:
+            engine_note(str(reason), "aggregate_messages()")
     sent_columns = [*to_src, *to_dst]
     edges = g.edges.select(nested(g.edges, "edge"))
     for end in ("src", "dst"):

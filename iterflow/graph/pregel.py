@@ -46,7 +46,17 @@ from pyspark.sql.types import StructField, StructType
 import iterflow as itf
 from iterflow.graph.block_edges import check_block, edge_file, edge_rows, gathered
 from iterflow.graph.block_layout import Layout, apart, vertex_layout
-from iterflow.graph.graphs import Graph, GraphError, as_graph, graph_result, run_iteration
+from iterflow.graph.compiled_programs import compile_pregel, run_compiled
+from iterflow.graph.expressions import Unsupported
+from iterflow.graph.graphs import (
+    Graph,
+    GraphError,
+    as_graph,
+    check_edge_ends,
+    graph_result,
+    run_iteration,
+)
+from iterflow.graph.kernel_pregel import Typing, engine_note
 from iterflow.graph.methods import choose_method
 from iterflow.graph.pregel_columns import DST, EDGE, MSG, OLD, SRC, Pregel, sent_nothing
 from iterflow.graph.programs import VertexProgram, run_program
@@ -229,8 +239,34 @@ def pregel(
         aggregate=aggregate,
         active=active,
     )
+    return _run_expressions(graph, expressions, method, blocks, max_rounds, listen, run_options)
+
+
+def _run_expressions(
+    graph: Any,
+    expressions: PregelProgram,
+    method: str,
+    blocks: int | None,
+    max_rounds: int | None,
+    listen: Any,
+    run_options: Mapping[str, Any],
+) -> Any:
+    """``pregel(init=, update=...)``: compiled to the kernel engine while the vertices fit
+    the vector path (``method`` ``"auto"`` or ``"arrow"``), else, or when an expression
+    does not compile, on the DataFrame or block path."""
     g = as_graph(graph)
-    method, n = choose_method("pregel", method, g, below_limit="dataframe")
+    expressions.check_names(g)
+    kernel_method = method in ("auto", "arrow")
+    method, n = choose_method(
+        "pregel", method, g, below_limit="arrow" if kernel_method else "dataframe"
+    )
+    notes = None
+    if method == "arrow":
+        vertices, notes = _on_kernels(g, expressions, max_rounds, listen, run_options)
+        if vertices is not None:
+            return graph_result(graph, vertices)
+        method = "dataframe"
+        check_edge_ends(g, "pregel()")
     with itf.worker_errors(GraphError):  # an edge to no vertex, found by a worker
         result = expressions.run(
             g,
@@ -239,9 +275,44 @@ def pregel(
             blocks=blocks,
             max_rounds=max_rounds,
             listen=listen,
+            notes=notes,
             **run_options,
         )
     return graph_result(graph, shown(result))
+
+
+def _on_kernels(
+    g: Graph,
+    expressions: PregelProgram,
+    max_rounds: int | None,
+    listen: Any,
+    run_options: Mapping[str, Any],
+) -> tuple[DataFrame | None, dict[str, Any]]:
+    """``expressions`` compiled and run on the kernel engine: the vertices, or None and the
+    event log's notes naming what did not compile (the DataFrame path runs it then)."""
+    typing = Typing.of(g.vertices, g.edges)
+    try:
+        compiled = compile_pregel(
+            typing,
+            expressions.init,
+            expressions.update,
+            (expressions.send_to_dst, expressions.send_to_src),
+            expressions.aggregate,
+            expressions.active,
+        )
+    except Unsupported as reason:
+        return None, engine_note(str(reason), "pregel()")
+    with itf.worker_errors(GraphError):
+        vertices = run_compiled(
+            g,
+            compiled,
+            typing,
+            max_rounds=max_rounds,
+            listen=listen,
+            run_options=run_options,
+            function="pregel()",
+        )
+    return vertices, {}
 
 
 def _numpy_program(
@@ -292,6 +363,15 @@ class PregelProgram:
                 f"the state columns (init=...) are {sorted(self.init)}"
             )
 
+    def check_names(self, g: Graph) -> None:
+        """The state columns must not overwrite the vertices' own."""
+        clash = sorted(set(self.init) & (set(g.vertices.columns) - {"id"}))
+        if "id" in self.init or clash:
+            raise GraphError(
+                f"pregel(init=...) would overwrite the vertex column(s) {clash or ['id']}; "
+                "pick new names for the state columns"
+            )
+
     def run(
         self,
         g: Graph,
@@ -301,17 +381,14 @@ class PregelProgram:
         blocks: int | None = None,
         max_rounds: int | None = None,
         listen: Any = None,
+        notes: Mapping[str, Any] | None = None,
         **run_options: Any,
     ) -> itf.IterationResult:
         """Run on ``g`` (``n`` vertices) by ``method`` (``"dataframe"`` or ``"blocks"``); the
-        ``IterationResult`` has the output ``vertices`` (read it with ``shown``)."""
+        ``IterationResult`` has the output ``vertices`` (read it with ``shown``). ``notes``
+        go into the event log's ``iteration_started``."""
         init, send_to_dst, send_to_src = self.init, self.send_to_dst, self.send_to_src
-        clash = sorted(set(init) & (set(g.vertices.columns) - {"id"}))
-        if "id" in init or clash:
-            raise GraphError(
-                f"pregel(init=...) would overwrite the vertex column(s) {clash or ['id']}; "
-                "pick new names for the state columns"
-            )
+        self.check_names(g)
         vertices = g.vertices.select("*", *(expr.alias(name) for name, expr in init.items()))
         lay = None
         gather = None
@@ -344,6 +421,8 @@ class PregelProgram:
         )
         if max_rounds is not None:
             iteration = iteration.until(itf.max_rounds(max_rounds))
+        if notes:
+            iteration = iteration.note(**notes)
         release = lay.release if lay is not None else None
         return run_iteration(iteration, listen, run_options, release=release)
 

@@ -25,8 +25,38 @@ from iterflow.graph.graphs import GraphError, as_graph, run_iteration
 from iterflow.graph.vectors import edge_positions
 
 #: Spark's name for each numpy kind of state.
-_SPARK_TYPES = {"f8": "DOUBLE", "f4": "FLOAT", "i8": "BIGINT", "i4": "INT", "b1": "BOOLEAN"}
-_MERGES = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
+_SPARK_TYPES = {
+    "f8": "DOUBLE",
+    "f4": "FLOAT",
+    "i8": "BIGINT",
+    "i4": "INT",
+    "i2": "SMALLINT",
+    "i1": "TINYINT",
+    "b1": "BOOLEAN",
+}
+
+
+class _First:
+    """The ``"first"`` merge: of the messages to a vertex, the one merged first (Spark's
+    ``first``, whose pick among the messages is as arbitrary)."""
+
+    @staticmethod
+    def reduceat(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        return values[starts]
+
+    def __call__(self, kept: np.ndarray, other: np.ndarray) -> np.ndarray:
+        return kept
+
+
+_MERGES: dict[str, Any] = {
+    "sum": np.add,
+    "min": np.minimum,
+    "max": np.maximum,
+    "prod": np.multiply,
+    "first": _First(),
+}
+#: Which edges send in a round: those whose sending end is active, or either end.
+SENDERS = ("source", "either")
 
 Arrays = dict[str, np.ndarray]
 
@@ -47,9 +77,16 @@ class VertexProgram:
     as an Arrow table to a dict of state arrays), ``send_to_dst`` and/or ``send_to_src``
     (``src`` and ``dst`` state dicts and ``edges``, a dict of the edges' other columns,
     each an array per edge, to one message per edge), ``merge`` (``"sum"``, ``"min"``,
-    ``"max"``, ``"prod"`` or a numpy ufunc), and ``apply`` (the state, the merged
-    messages and a mask of the vertices that received any, to the new state and a mask
-    of the active vertices).
+    ``"max"``, ``"prod"``, ``"first"`` or a numpy ufunc), and ``apply`` (the state, the
+    merged messages and a mask of the vertices that received any, to the new state and a
+    mask of the active vertices; or to ``(state, active, go_on)``, where ``go_on`` False
+    ends the run after this round).
+
+    ``senders="source"`` (the default) sends along the edges whose sending end is active
+    (``send_to_dst`` from an active source); ``"either"`` along the edges with either end
+    active (GraphFrames' ``setSkipMessagesFromNonActiveVertices``). A NaN message sends
+    nothing unless ``nan_sends`` (Spark's rule, where NaN is a value and only null is no
+    message: what compiled Column expressions use); a masked entry never sends.
 
     Example, single-source shortest paths by edge length::
 
@@ -71,6 +108,8 @@ class VertexProgram:
     send_to_dst: Callable[[Arrays, Arrays, Arrays], np.ndarray] | None = None
     send_to_src: Callable[[Arrays, Arrays, Arrays], np.ndarray] | None = None
     merge: str | np.ufunc = "sum"
+    senders: str = "source"
+    nan_sends: bool = False
 
     def __attrs_post_init__(self) -> None:
         if not self.state:
@@ -81,22 +120,29 @@ class VertexProgram:
             raise GraphError("VertexProgram needs send_to_dst=, send_to_src= or both")
         if not isinstance(self.merge, np.ufunc) and self.merge not in _MERGES:
             raise GraphError(
-                f"VertexProgram(merge={self.merge!r}): 'sum', 'min', 'max', 'prod' or a numpy ufunc"
+                f"VertexProgram(merge={self.merge!r}): 'sum', 'min', 'max', 'prod', 'first' "
+                "or a numpy ufunc"
             )
+        if self.senders not in SENDERS:
+            raise GraphError(f"VertexProgram(senders={self.senders!r}): one of {SENDERS}")
 
     @property
-    def ufunc(self) -> np.ufunc:
+    def ufunc(self) -> Any:
+        """The merge as a numpy ufunc (or an object with ``reduceat`` and a call, as one)."""
         return self.merge if isinstance(self.merge, np.ufunc) else _MERGES[self.merge]
 
 
-def _sent(messages: Any, count: int, who: str) -> tuple[np.ndarray, np.ndarray]:
-    """A send function's result as (values, which edges send): NaN or masked sends nothing."""
+def _sent(
+    messages: Any, count: int, who: str, nan_sends: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """A send function's result as (values, which edges send): a masked entry sends
+    nothing, nor does NaN unless ``nan_sends``."""
     mask = np.ma.getmaskarray(messages) if np.ma.isMaskedArray(messages) else None
     values = np.asarray(np.ma.getdata(messages))
     if values.shape != (count,):
         raise GraphError(f"VertexProgram.{who} returned shape {values.shape}, not ({count},)")
     sends = np.ones(count, dtype=bool) if mask is None else ~mask
-    if values.dtype.kind == "f":
+    if values.dtype.kind == "f" and not nan_sends:
         sends &= ~np.isnan(values)
     return values, sends
 
@@ -122,8 +168,9 @@ class MessageStep(itf.CombineFn):
     def __init__(self, program: VertexProgram, state: Arrays, active: np.ndarray, messages: Any):
         self.program, self.state, self.active, self.messages = program, state, active, messages
 
-    def create_accumulator(self) -> tuple[np.ndarray | None, np.ndarray]:
-        return None, np.zeros(len(self.active), dtype=bool)
+    def create_accumulator(self) -> tuple[np.ndarray | None, np.ndarray, int]:
+        """(merged messages or None, which vertices any reached, how many were sent)."""
+        return None, np.zeros(len(self.active), dtype=bool), 0
 
     def add_inputs(self, acc: Any, table: pa.Table) -> Any:
         src, dst = table["_src"].to_numpy(), table["_dst"].to_numpy()
@@ -134,7 +181,7 @@ class MessageStep(itf.CombineFn):
         ):
             if send is None:
                 continue
-            live = _senders(src, self.active) if who == "send_to_dst" else self.active[frm]
+            live = self._live(src, dst, frm, who)
             edges = {c: v[live] for c, v in columns.items() if not c.startswith("_")}
             ends = frm[live], to[live]
             at_src, at_dst = ends if who == "send_to_dst" else ends[::-1]
@@ -146,16 +193,24 @@ class MessageStep(itf.CombineFn):
                 ),
                 len(ends[0]),
                 who,
+                self.program.nan_sends,
             )
-            self.messages.inc(int(sends.sum()))
-            acc = self._merged(acc, ends[1][sends], values[sends])
+            count = int(sends.sum())
+            self.messages.inc(count)
+            acc = self._merged(acc, ends[1][sends], values[sends], count)
         return acc
+
+    def _live(self, src: np.ndarray, dst: np.ndarray, frm: np.ndarray, who: str) -> Any:
+        """The edges that send this round (a mask or positions)."""
+        if self.program.senders == "either":
+            return self.active[src] | self.active[dst]
+        return _senders(src, self.active) if who == "send_to_dst" else self.active[frm]
 
     def add_input(self, acc: Any, batch: pa.RecordBatch) -> Any:
         return self.add_inputs(acc, pa.Table.from_batches([batch]))
 
-    def _merged(self, acc: Any, to: np.ndarray, values: np.ndarray) -> Any:
-        merged, reached = acc
+    def _merged(self, acc: Any, to: np.ndarray, values: np.ndarray, count: int) -> Any:
+        reached = acc[1]
         ufunc = self.program.ufunc
         part = np.zeros(len(reached), dtype=values.dtype)
         hit = np.zeros(len(reached), dtype=bool)
@@ -165,18 +220,18 @@ class MessageStep(itf.CombineFn):
             starts = np.flatnonzero(np.r_[True, to[1:] != to[:-1]])
             part[to[starts]] = ufunc.reduceat(values, starts)
             hit[to[starts]] = True
-        return self._both((merged, reached), (part, hit))
+        return self._both(acc, (part, hit, count))
 
     def _both(self, one: Any, other: Any) -> Any:
-        (a, a_hit), (b, b_hit) = one, other
+        (a, a_hit, a_sent), (b, b_hit, b_sent) = one, other
         if a is None:
-            return b, b_hit
+            return b, b_hit, a_sent + b_sent
         if b is None:
-            return a, a_hit
+            return a, a_hit, a_sent + b_sent
         out = np.where(a_hit, a, b).astype(np.result_type(a, b))
         both = a_hit & b_hit
         out[both] = self.program.ufunc(a[both], b[both])
-        return out, a_hit | b_hit
+        return out, a_hit | b_hit, a_sent + b_sent
 
     def merge_accumulators(self, accs: list[Any]) -> Any:
         acc = self.create_accumulator()
@@ -185,25 +240,37 @@ class MessageStep(itf.CombineFn):
         return acc
 
     def extract_output(self, acc: Any) -> pa.Table:
-        merged, reached = acc
+        merged, reached, sent = acc
         if merged is None:
             merged = np.zeros(len(reached))
-        new_state, active = self.program.apply(self.state, merged, reached)
-        return _state_row(self.program, new_state, np.asarray(active, dtype=bool))
+        applied = self.program.apply(self.state, merged, reached)
+        new_state, active = applied[0], np.asarray(applied[1], dtype=bool)
+        go_on = bool(applied[2]) if len(applied) > 2 else None
+        return _state_row(self.program, new_state, active, go_on, sent)
 
 
-def _state_row(program: VertexProgram, state: Arrays, active: np.ndarray) -> pa.Table:
+def _state_row(
+    program: VertexProgram,
+    state: Arrays,
+    active: np.ndarray,
+    go_on: bool | None = None,
+    sent: int = 0,
+) -> pa.Table:
+    """The one row of a round's state: an array cell per state, the active mask,
+    ``_awake`` (the active count, or 1/0 by ``go_on`` when ``apply`` said it: 0 stops) and
+    ``_sent``, the messages the round sent."""
     missing = set(program.state) - set(state)
     if missing:
         raise GraphError(f"VertexProgram returned no array for state {sorted(missing)}")
     cells = [itf.vector_cell(np.asarray(state[k], dtype=d)) for k, d in program.state.items()]
-    cells += [itf.vector_cell(active), pa.array([int(active.sum())])]
-    return pa.table(cells, names=[*program.state, "_active", "_awake"])
+    awake = int(active.sum()) if go_on is None else int(go_on)
+    cells += [itf.vector_cell(active), pa.array([awake]), pa.array([sent], pa.int64())]
+    return pa.table(cells, names=[*program.state, "_active", "_awake", "_sent"])
 
 
 def _schema(program: VertexProgram) -> str:
     fields = [f"`{k}` ARRAY<{_spark_type(d)}>" for k, d in program.state.items()]
-    return ", ".join([*fields, "`_active` ARRAY<BOOLEAN>", "`_awake` BIGINT"])
+    return ", ".join([*fields, "`_active` ARRAY<BOOLEAN>", "`_awake` BIGINT", "`_sent` BIGINT"])
 
 
 def _cell(table: pa.Table, column: str) -> np.ndarray:
@@ -245,6 +312,57 @@ def _program_body(program: VertexProgram, ids: pa.Array) -> itf.IterationBody:
     return vertex_program
 
 
+class _Counted(itf.RoundListener):
+    """A listener of a program's run, shown each round's progress as the DataFrame path
+    of ``pregel`` fills it: ``observed["messages"]`` (sent this round), ``["active"]``
+    (the vertices that send next round, also ``criteria_rows``), read from the round's
+    state row; and, when no vertex stayed active, the termination reasons
+    ``criteria_empty`` (and ``predicate`` when the last round sent nothing)."""
+
+    def __init__(self, listener: Any) -> None:
+        self.listener = listener
+        self.history: list[itf.RoundProgress] = []
+
+    def on_round_end(self, ctx: itf.RoundEnd) -> None:
+        row = itf.to_arrow(ctx.variables["state"])
+        observed = {
+            **ctx.progress.observed,
+            "messages": int(row.column("_sent")[0].as_py()),
+            "active": int(_cell(row, "_active").sum()),
+        }
+        progress = attrs.evolve(
+            ctx.progress,
+            observed=observed,
+            criteria_rows=observed["active"],
+            criteria_empty=observed["active"] == 0,
+        )
+        self.history.append(progress)
+        ctx = attrs.evolve(ctx, progress=progress)
+        if hasattr(self.listener, "on_round_end"):
+            self.listener.on_round_end(ctx)
+        elif not hasattr(self.listener, "on_iteration_terminated"):
+            self.listener(ctx)  # a function
+
+    def on_iteration_terminated(self, ctx: itf.IterationEnd) -> None:
+        if hasattr(self.listener, "on_iteration_terminated"):
+            kept = {p.epoch: p for p in self.history}
+            history = tuple(kept.get(p.epoch, p) for p in ctx.history)
+            termination = ctx.termination
+            if termination.reason == "converged" and history:
+                last = history[-1].observed
+                reasons: tuple[str, ...] = ("criteria_empty",)
+                if not last["messages"]:
+                    reasons += ("predicate",)
+                termination = attrs.evolve(termination, reason=reasons[0], reasons=reasons)
+            self.listener.on_iteration_terminated(
+                attrs.evolve(ctx, history=history, termination=termination)
+            )
+
+    def on_round_progress(self, sample: Any) -> None:
+        if hasattr(self.listener, "on_round_progress"):
+            self.listener.on_round_progress(sample)
+
+
 def run_program(
     graph: Any,
     program: VertexProgram,
@@ -257,17 +375,45 @@ def run_program(
     if not isinstance(program, VertexProgram):
         raise GraphError(f"pregel(program=...) takes a VertexProgram, got {type(program).__name__}")
     g = as_graph(graph)
+    ids, final = run_arrays(
+        g, program, max_rounds=max_rounds, listen=listen, run_options=run_options
+    )
+    columns = {"id": ids, **final}
+    spark = g.vertices.sparkSession
+    return g.vertices.drop(*program.state).join(spark.createDataFrame(pa.table(columns)), "id")
+
+
+def run_arrays(
+    g: Any,
+    program: VertexProgram,
+    *,
+    max_rounds: int | None,
+    listen: Any,
+    run_options: Mapping[str, Any],
+    edges: DataFrame | None = None,
+    first_active: Callable[[Arrays], np.ndarray] | None = None,
+    notes: Mapping[str, Any] | None = None,
+) -> tuple[pa.Array, Arrays]:
+    """Run ``program`` on graph ``g``: the vertex ids and the final state arrays (in the
+    ids' order). ``edges`` replaces ``g.edges`` (``src``, ``dst`` and the columns the
+    program reads); ``first_active`` gives round 0's active vertices from the initial
+    state (default: all); ``notes`` go into the run's ``iteration_started`` event."""
     spark = g.vertices.sparkSession
     table = g.vertices.toArrow()
     ids = table.column("id").combine_chunks()
-    first = _state_row(program, program.init(table), np.ones(len(ids), dtype=bool))
+    state = program.init(table)
+    active = np.ones(len(ids), dtype=bool) if first_active is None else first_active(state)
+    first = _state_row(program, state, np.asarray(active, dtype=bool))
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 8)
+    edges = g.edges if edges is None else edges
     iteration = (
         itf.BoundedIteration(_program_body(program, ids))
         .bind("state", spark.createDataFrame(first, _schema(program)))
-        .bind("edges", g.edges.repartition(partitions, "src"))
+        .bind("edges", edges.repartition(partitions, "src"))
         .until(itf.max_rounds(max_rounds if max_rounds is not None else 2**31 - 1))
     )
-    final = itf.to_arrow(run_iteration(iteration, listen, run_options).outputs["state"])
-    columns = {"id": ids, **{k: _cell(final, k) for k in program.state}}
-    return g.vertices.drop(*program.state).join(spark.createDataFrame(pa.table(columns)), "id")
+    if notes:
+        iteration = iteration.note(**notes)
+    counted = None if listen is None else _Counted(listen)
+    final = itf.to_arrow(run_iteration(iteration, counted, run_options).outputs["state"])
+    return ids, {k: _cell(final, k) for k in program.state}
