@@ -135,14 +135,18 @@ def messages(spark: Any, g: Graph, reps: int) -> Any:
     vertices = g.vertices.withColumn("x", F.col("id") % 7)
     graph = Graph(vertices, g.edges)
 
-    def facade() -> tuple[Any, dict[str, Any]]:
-        out = aggregate_messages(
-            graph,
-            F.sum(AggregateMessages.msg).alias("total"),
-            send_to_dst=AggregateMessages.src["x"],
-        )
-        out.count()
-        return out, {}
+    def facade(method: str) -> Any:
+        def run() -> tuple[Any, dict[str, Any]]:
+            out = aggregate_messages(
+                graph,
+                F.sum(AggregateMessages.msg).alias("total"),
+                send_to_dst=AggregateMessages.src["x"],
+                method=method,
+            )
+            out.count()
+            return out, {}
+
+        return run
 
     def by_hand() -> tuple[Any, dict[str, Any]]:
         out = (
@@ -154,16 +158,20 @@ def messages(spark: Any, g: Graph, reps: int) -> Any:
         return out, {}
 
     def check(results: dict[str, Any]) -> dict[str, Any]:
-        a, b = (
-            {r.id: r.total for r in results[k].collect()} for k in ("aggregate_messages", "join")
+        a, b, c = (
+            {r.id: r.total for r in results[k].collect()}
+            for k in ("aggregate_messages", "aggregate_messages_arrow", "join")
         )
-        if a != b:
+        if not a == b == c:
             raise RuntimeError("aggregate_messages differs from the join and groupBy")
         return {"equal": True}
 
-    return compare_runners(
-        spark, "messages", {"aggregate_messages": facade, "join": by_hand}, reps, check
-    )
+    runners = {
+        "aggregate_messages": facade("auto"),
+        "aggregate_messages_arrow": facade("arrow"),
+        "join": by_hand,
+    }
+    return compare_runners(spark, "messages", runners, reps, check)
 
 
 def weighted_program(every_edge: bool) -> VertexProgram:
@@ -292,6 +300,7 @@ def main() -> None:
         "expressions_over_graphx_load_and_run": ratio(paths["expressions"], graphx_total),
         "aggregate_messages": sums,
         "aggregate_messages_over_join": ratio(sums["aggregate_messages"], sums["join"]),
+        "aggregate_messages_arrow_over_join": ratio(sums["aggregate_messages_arrow"], sums["join"]),
         "dag_rounds": dag,
     }
     rows = [
@@ -305,6 +314,10 @@ def main() -> None:
         ("aggregate_messages s (median)", sums["aggregate_messages"]["s_median"]),
         ("join + groupBy s (median)", sums["join"]["s_median"]),
         ("aggregate_messages / join", results["aggregate_messages_over_join"]["of_medians"]),
+        (
+            "aggregate_messages(method='arrow') / join",
+            results["aggregate_messages_arrow_over_join"]["of_medians"],
+        ),
     ]
     for way in ("numpy", "expressions"):
         rows += [

@@ -300,7 +300,7 @@ def test_aggregate_messages_on_kernels_equals_the_dataframe_path(spark):
     v = g.vertices.withColumn("x", F.when(F.col("id") % 4 == 0, None).otherwise(F.col("id") * 0.5))
     h = Graph(v, g.edges)
 
-    def run():
+    def run(method="arrow"):
         return aggregate_messages(
             h,
             [
@@ -311,10 +311,11 @@ def test_aggregate_messages_on_kernels_equals_the_dataframe_path(spark):
             ],
             send_to_dst=AM.src["x"] + AM.edge["w"],
             send_to_src=F.col("dst.x") * 2,
+            method=method,
         )
 
     kernel = run()
-    frame = _on_dataframes(spark, run)
+    frame = run("dataframe")
     assert [(f.name, f.dataType) for f in kernel.schema.fields] == [
         (f.name, f.dataType) for f in frame.schema.fields
     ]
@@ -334,3 +335,94 @@ def test_aggregate_messages_on_kernels_equals_the_dataframe_path(spark):
         if x[b] is not None:
             into[a] = into.get(a, 0.0) + 2 * x[b]
     assert {k: r[0] for k, r in got.items() if r[0] is not None} == pytest.approx(into)
+
+
+@pytest.mark.parametrize("early", [False, True])
+def test_builder_pagerank_gives_the_values_graphframes_publishes(spark, early):
+    # GraphFrames' own Python test of its Pregel builder: 5 rounds on this graph.
+    edges = spark.createDataFrame(
+        [(0, 1), (1, 2), (2, 4), (2, 0), (3, 4), (4, 0), (4, 2)], "src long, dst long"
+    )
+    vertices = GraphFrame(spark.createDataFrame([(i,) for i in range(5)], "id long"), edges)
+    graph = GraphFrame(vertices.outDegrees, edges)
+    ranks = (
+        graph.pregel.setMaxIter(5)
+        .setEarlyStopping(early)
+        .withVertexColumn(
+            "rank",
+            F.lit(1.0 / 5),
+            F.coalesce(graph.pregel.msg(), F.lit(0.0)) * F.lit(0.85) + F.lit(0.15 / 5),
+        )
+        .sendMsgToDst(graph.pregel.src("rank") / graph.pregel.src("outDegree"))
+        .aggMsgs(F.sum(graph.pregel.msg()))
+        .run()
+    )
+    got = [r.rank for r in ranks.sort("id").collect()]
+    assert got == pytest.approx([0.245, 0.224, 0.303, 0.03, 0.197], abs=1e-3)
+
+
+@pytest.mark.parametrize("blocks", [1, 3])
+def test_compiled_programs_on_the_block_path_equal_the_dataframe_path(spark, tmp_path, blocks):
+    g, pairs, _ = graph(spark, seed=17)
+    log = tmp_path / "events.jsonl"
+    on_blocks = _rows(_sssp(g, "blocks", blocks=blocks, event_log=str(log)), "dist", "name")
+    assert _started(log)[-1]["notes"] == {"engine": "kernel", "path": "blocks"}
+    frame = _rows(_sssp(g, "dataframe"), "dist", "name")
+    assert set(on_blocks) == set(frame)
+    assert all(_same(on_blocks[v][0], frame[v][0]) for v in frame)
+    assert all(on_blocks[v][1] == f"v{v}" for v in frame)
+
+    def components(method):
+        return pregel(
+            g,
+            init={"label": F.col("id")},
+            update={"label": F.least(F.col("label"), Pregel.msg())},
+            send_to_dst=Pregel.src("label"),
+            send_to_src=Pregel.dst("label"),
+            aggregate=F.min,
+            method=method,
+            blocks=blocks,
+        )
+
+    labels = _rows(components("blocks"), "label")
+    assert labels == _rows(components("dataframe"), "label")
+    h = nx.Graph()
+    h.add_nodes_from(range(50))
+    h.add_edges_from(pairs)
+    for component in nx.connected_components(h):
+        assert {labels[v][0] for v in component} == {min(component)}
+
+
+def test_a_message_reading_the_receiver_keeps_the_block_joins_and_says_why(spark, tmp_path):
+    g, _, _ = graph(spark, n=20, m=60, seed=19)
+    log = tmp_path / "events.jsonl"
+    rows = _rows(
+        pregel(
+            g,
+            init={"d": F.when(F.col("id") == 1, 0.0).otherwise(float("inf"))},
+            update={"d": F.least(F.col("d"), Pregel.msg())},
+            send_to_dst=F.when(
+                Pregel.src("d") + Pregel.edge("w") < Pregel.dst("d"),
+                Pregel.src("d") + Pregel.edge("w"),
+            ),
+            aggregate=F.min,
+            method="blocks",
+            blocks=2,
+            event_log=str(log),
+        ),
+        "d",
+    )
+    notes = _started(log)[-1]["notes"]
+    assert notes["engine"] == "dataframe" and "reads the destination" in notes["reason"]
+    expected = _rows(
+        pregel(
+            g,
+            init={"d": F.when(F.col("id") == 1, 0.0).otherwise(float("inf"))},
+            update={"d": F.least(F.col("d"), Pregel.msg())},
+            send_to_dst=Pregel.src("d") + Pregel.edge("w"),
+            aggregate=F.min,
+            method="arrow",
+        ),
+        "d",
+    )
+    assert all(rows[v][0] == pytest.approx(expected[v][0]) for v in expected)

@@ -57,6 +57,8 @@ class Rounds:
     until: Any = None
     #: The iteration's own termination criteria, in order.
     stop: tuple[Any, ...] = ()
+    #: The edge columns the kernels read besides the ends (``EdgeFile.column``).
+    columns: tuple[str, ...] = ()
 
 
 def settled(progress: itf.RoundProgress) -> bool:
@@ -71,16 +73,23 @@ def run(
     rounds: Rounds,
     listen: Any,
     run_options: Mapping[str, Any],
+    *,
+    start: DataFrame | None = None,
+    notes: Mapping[str, Any] | None = None,
 ) -> DataFrame:
     """Run ``kernels`` over ``edges`` (``block_edges.edge_rows``) from their first slices
-    until ``rounds`` stop, then release ``lay``: the last state rows."""
-    start = lay.per_block(_first(kernels), _state_schema(kernels))
+    (or the state rows ``start``, placed by block) until ``rounds`` stop, then release
+    ``lay``: the last state rows. ``notes`` go into the event log's ``iteration_started``."""
+    if start is None:
+        start = lay.per_block(_first(kernels), _state_schema(kernels))
     iteration = (
         itf.BoundedIteration(BlockRound(lay, kernels, rounds))
         .bind(rounds.variable, start, on_driver=False)
         .bind("edges", edges, replay=True)
         .until(*rounds.stop)
     )
+    if notes:
+        iteration = iteration.note(**notes)
     result = run_iteration(iteration, listen, run_options, release=lay.release)
     return result.outputs[rounds.variable]
 
@@ -122,7 +131,11 @@ class BlockRound(itf.IterationBody):
         self._rounds = rounds
         self._lay = lay
         self._prepare = edge_file(
-            rounds.who, by_source=kernels.by_source, distinct=rounds.distinct, dense=lay.dense
+            rounds.who,
+            by_source=kernels.by_source,
+            distinct=rounds.distinct,
+            columns=rounds.columns,
+            dense=lay.dense,
         )
         self._send = _sender(kernels, lay.blocks)
         self._receive = _receiver(kernels)

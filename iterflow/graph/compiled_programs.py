@@ -43,13 +43,14 @@ from iterflow.graph.programs import VertexProgram, run_arrays
 @attrs.frozen
 class Compiled:
     """A compiled program: the ``VertexProgram``, its output state columns, the types of
-    every column it carries, the edge columns it reads, and round 0's active vertices
-    (None: all)."""
+    every column it carries, the edge columns it reads, its messages, and round 0's active
+    vertices (None: all)."""
 
     program: VertexProgram
     state: list[str]
     types: Mapping[str, str]
     edge_columns: frozenset[str]
+    messages: Messages
     first_active: Callable[[Arrays], np.ndarray] | None = None
 
 
@@ -181,7 +182,7 @@ def _compiled(
     edge_columns = frozenset(messages.columns("edge") - {"id"})
     for column in edge_columns:
         typing.column(typing.edge, column, "a message")
-    return Compiled(program, state, types, edge_columns, first_active)
+    return Compiled(program, state, types, edge_columns, messages, first_active)
 
 
 @attrs.frozen

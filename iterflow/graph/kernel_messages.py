@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql.types import StructType
 
@@ -36,8 +37,9 @@ from iterflow.graph.expressions import (
     parse,
     wider,
 )
-from iterflow.graph.graphs import Graph
+from iterflow.graph.graphs import Graph, GraphError
 from iterflow.graph.kernel_pregel import MERGES, Typing, kept, refs, side_of, vertex_arrays
+from iterflow.graph.methods import vector_limit
 from iterflow.graph.vectors import edge_positions
 
 #: The message's name in aggregates (``AggregateMessages.msg``).
@@ -111,28 +113,94 @@ def _message_type(typing: Typing, message: Expr) -> str:
     return evaluate(message, Scope(lookup, 0, typing.ansi)).type
 
 
+class Pending:
+    """An accumulator of ``AggregateStep``: the messages of the batches seen since the last
+    compaction (targets, and per aggregate the values and which are valid), and the merged
+    result so far. Batches are only kept until they hold as many messages as there are
+    vertices, so a partition costs one sort per that many messages, not an array per
+    vertex per batch; it compacts before it is pickled (sent to its merge)."""
+
+    def __init__(self, step: AggregateStep) -> None:
+        self.step = step
+        self.chunks: list[tuple[np.ndarray, list[np.ndarray], np.ndarray]] = []
+        self.rows = 0
+        n = len(step.ids)
+        self.merged = [
+            (np.zeros(n, DTYPES[a.spark_type]), np.zeros(n, bool)) for a in step.plan.aggregates
+        ]
+        self.reached = np.zeros(n, dtype=bool)
+
+    def add(self, to: np.ndarray, values: list[np.ndarray], valid: np.ndarray) -> None:
+        self.chunks.append((to, values, valid))
+        self.rows += len(to)
+        if self.rows >= max(len(self.reached), 1 << 16):
+            self.compact()
+
+    def compact(self) -> Pending:
+        if not self.chunks:
+            return self
+        to = np.concatenate([c[0] for c in self.chunks])
+        valid = np.concatenate([c[2] for c in self.chunks])
+        columns = [np.concatenate([c[1][i] for c in self.chunks]) for i in range(len(self.merged))]
+        self.chunks, self.rows = [], 0
+        self.reached[to] = True
+        order = np.argsort(to[valid], kind="stable")
+        targets = to[valid][order]
+        if not len(targets):
+            return self
+        starts = np.flatnonzero(np.r_[True, targets[1:] != targets[:-1]])
+        at = targets[starts]
+        for i, aggregate in enumerate(self.step.plan.aggregates):
+            part = np.zeros(len(self.reached), dtype=self.merged[i][0].dtype)
+            hit = np.zeros(len(self.reached), dtype=bool)
+            part[at] = _merge(aggregate).reduceat(columns[i][valid][order], starts)
+            hit[at] = True
+            self.merged[i] = _pair(aggregate, self.merged[i], (part, hit))
+        return self
+
+    def absorb(self, other: Pending) -> None:
+        other.compact()
+        self.compact()
+        self.merged = [
+            _pair(a, mine, theirs)
+            for a, mine, theirs in zip(
+                self.step.plan.aggregates, self.merged, other.merged, strict=True
+            )
+        ]
+        self.reached |= other.reached
+
+    def __getstate__(self) -> dict[str, Any]:
+        self.compact()
+        return {"merged": self.merged, "reached": self.reached}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.chunks, self.rows = [], 0
+        self.merged, self.reached = state["merged"], state["reached"]
+
+
 class AggregateStep(itf.CombineFn):
-    """Every edge batch's messages merged per vertex, for each aggregate: (values, which
-    vertices a valid message reached, which vertices any message reached)."""
+    """Every edge batch's messages merged per vertex, for each aggregate (``Pending``)."""
 
     def __init__(self, plan: Plan, ids: pa.Array, arrays: Mapping[str, np.ndarray]) -> None:
         self.plan, self.ids, self.arrays = plan, ids, arrays
 
-    def create_accumulator(self) -> Any:
-        n = len(self.ids)
-        merged = [
-            (np.zeros(n, DTYPES[a.spark_type]), np.zeros(n, bool)) for a in self.plan.aggregates
-        ]
-        return merged, np.zeros(n, dtype=bool)
+    def create_accumulator(self) -> Pending:
+        return Pending(self)
 
-    def add_input(self, acc: Any, batch: pa.RecordBatch) -> Any:
+    def add_input(self, acc: Pending, batch: pa.RecordBatch) -> Pending:
         table = pa.Table.from_batches([batch])
         src, dst = edge_positions(table, self.ids)
         for message, to in ((self.plan.to_src, src), (self.plan.to_dst, dst)):
             if message is None:
                 continue
             value = self._evaluated(message, table, src, dst)
-            acc = self._merged(acc, to, value)
+            values = [
+                np.ones(len(to), dtype=np.int64)
+                if a.kind == "count"
+                else cast(value, a.spark_type).data
+                for a in self.plan.aggregates
+            ]
+            acc.add(to, values, value.validity())
         return acc
 
     def _evaluated(self, message: Expr, table: pa.Table, src: np.ndarray, dst: np.ndarray) -> Value:
@@ -148,47 +216,20 @@ class AggregateStep(itf.CombineFn):
 
         return evaluate(message, Scope(lookup, table.num_rows, typing.ansi))
 
-    def _merged(self, acc: Any, to: np.ndarray, value: Value) -> Any:
-        merged, reached = acc
-        reached = reached.copy()
-        reached[to] = True
-        valid = value.validity()
-        order = np.argsort(to[valid], kind="stable")
-        targets = to[valid][order]
-        starts = np.flatnonzero(np.r_[True, targets[1:] != targets[:-1]])
-        out = []
-        for aggregate, (values, hit) in zip(self.plan.aggregates, merged, strict=True):
-            if aggregate.kind == "count":
-                data = np.ones(len(targets), dtype=np.int64)
-            else:
-                data = cast(value, aggregate.spark_type).data[valid][order]
-            part = np.zeros(len(hit), dtype=values.dtype)
-            part_hit = np.zeros(len(hit), dtype=bool)
-            if len(targets):
-                part[targets[starts]] = _merge(aggregate).reduceat(data, starts)
-                part_hit[targets[starts]] = True
-            out.append(_pair(aggregate, (values, hit), (part, part_hit)))
-        return out, reached
-
-    def merge_accumulators(self, accs: list[Any]) -> Any:
+    def merge_accumulators(self, accs: list[Pending]) -> Pending:
         acc = self.create_accumulator()
-        for merged, reached in accs:
-            acc = (
-                [
-                    _pair(a, mine, theirs)
-                    for a, mine, theirs in zip(self.plan.aggregates, acc[0], merged, strict=True)
-                ],
-                acc[1] | reached,
-            )
+        for other in accs:
+            other.step = self
+            acc.absorb(other)
         return acc
 
-    def extract_output(self, acc: Any) -> pa.Table:
-        merged, reached = acc
-        at = np.flatnonzero(reached)
+    def extract_output(self, acc: Pending) -> pa.Table:
+        acc.compact()
+        at = np.flatnonzero(acc.reached)
         cells = [itf.vector_cell(at.astype(np.int64))]
-        for values, hit in merged:
+        for values, hit in acc.merged:
             cells += [itf.vector_cell(values[at]), itf.vector_cell(hit[at])]
-        names = ["_at", *(f"{k}{i}" for i in range(len(merged)) for k in ("_v", "_ok"))]
+        names = ["_at", *(f"{k}{i}" for i in range(len(acc.merged)) for k in ("_v", "_ok"))]
         return pa.table(cells, names=names)
 
 
@@ -219,8 +260,16 @@ def on_kernels(
     """``aggregate_messages`` on the kernel engine; ``Unsupported`` when it does not
     compile (the caller runs the DataFrame path then)."""
     compiled, schema = plan(g, aggregates, to_src, to_dst)
-    table = g.vertices.select("id", *compiled.columns).toArrow()
+    limit = vector_limit(g.vertices.sparkSession)
+    table = g.vertices.select("id", *compiled.columns).limit(limit + 1).toArrow()
+    if table.num_rows > limit:
+        raise Unsupported(f"more than {limit:,} vertices (spark.iterflow.graph.vectorLimit)")
     ids = table.column("id").combine_chunks()
+    if ids.null_count or len(pc.unique(ids)) < len(ids):
+        raise GraphError(
+            "aggregate_messages(): vertex ids must be unique and not null; "
+            "GraphFrame.validate() names the rows"
+        )
     arrays = vertex_arrays(table, compiled.columns, compiled.typing)
     step = AggregateStep(compiled, ids, arrays)
     edges = g.edges.select("src", "dst", *_edge_columns(compiled))

@@ -200,7 +200,7 @@ class Messages:
         merged = self.merged_type
 
         def send(src: Arrays, dst: Arrays, edges: Arrays) -> np.ndarray:
-            rows = len(next(iter(edges.values()))) if edges else len(next(iter(src.values())))
+            rows = next(len(v) for arrays in (edges, src, dst) for v in arrays.values())
 
             def lookup(name: str) -> Value:
                 side, column = side_of(name)

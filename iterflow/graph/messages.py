@@ -20,7 +20,6 @@ from iterflow.graph.expressions import Unsupported
 from iterflow.graph.graphs import GraphError, as_graph, column_of, nested
 from iterflow.graph.kernel_messages import on_kernels
 from iterflow.graph.kernel_pregel import engine_note
-from iterflow.graph.methods import choose_method
 
 #: The column that holds a message while it is aggregated (GraphFrames' name).
 MESSAGE = "MSG"
@@ -86,11 +85,19 @@ def aggregate_messages(
     *,
     send_to_src: Any = None,
     send_to_dst: Any = None,
+    method: str = "auto",
 ) -> DataFrame:
     """``id`` and one column per aggregate in ``agg`` (named by its alias), for every vertex
     that receives a message: each edge sends ``send_to_src`` to its source and
     ``send_to_dst`` to its destination (a null message is aggregated as Spark's
     aggregates treat nulls).
+
+    ``method="arrow"`` evaluates compiled messages with numpy over the edges' Arrow
+    batches (``iterflow.graph.kernel_messages``; falls back, logged, when they do not
+    compile); ``"dataframe"`` and ``"auto"`` join and aggregate in Spark, which is faster
+    for a single round: one pass of the edges into Python costs more than Spark's join
+    (``benchmarks/bench_programs.py``). Inside an iteration, where the edges stay
+    resident, ``pregel`` runs the same messages on kernels.
 
     ``agg``, ``send_to_src`` and ``send_to_dst`` are Columns or SQL text, or lists of
     them (several messages go as one struct). Example, the sum of the in-neighbours'
@@ -105,9 +112,10 @@ def aggregate_messages(
         raise GraphError("aggregate_messages needs at least one aggregate (agg=...)")
     if not to_src and not to_dst:
         raise GraphError("aggregate_messages needs send_to_src=, send_to_dst= or both")
+    if method not in ("auto", "arrow", "dataframe"):
+        raise GraphError(f"aggregate_messages(method={method!r}): 'auto', 'arrow' or 'dataframe'")
     g = as_graph(graph)
-    path, _ = choose_method("aggregate_messages", "auto", g)
-    if path == "arrow":
+    if method == "arrow":
         try:
             return on_kernels(g, aggregates, to_src, to_dst)
         except Unsupported as reason:

@@ -46,6 +46,7 @@ from pyspark.sql.types import StructField, StructType
 import iterflow as itf
 from iterflow.graph.block_edges import check_block, edge_file, edge_rows, gathered
 from iterflow.graph.block_layout import Layout, apart, vertex_layout
+from iterflow.graph.compiled_blocks import check_for_blocks, run_on_blocks
 from iterflow.graph.compiled_programs import compile_pregel, run_compiled
 from iterflow.graph.expressions import Unsupported
 from iterflow.graph.graphs import (
@@ -261,12 +262,15 @@ def _run_expressions(
         "pregel", method, g, below_limit="arrow" if kernel_method else "dataframe"
     )
     notes = None
-    if method == "arrow":
-        vertices, notes = _on_kernels(g, expressions, max_rounds, listen, run_options)
+    if method in ("arrow", "blocks"):
+        vertices, notes = _on_kernels(
+            g, expressions, (method, n, blocks), max_rounds, listen, run_options
+        )
         if vertices is not None:
             return graph_result(graph, vertices)
-        method = "dataframe"
-        check_edge_ends(g, "pregel()")
+        if method == "arrow":
+            method = "dataframe"
+            check_edge_ends(g, "pregel()")
     with itf.worker_errors(GraphError):  # an edge to no vertex, found by a worker
         result = expressions.run(
             g,
@@ -284,12 +288,16 @@ def _run_expressions(
 def _on_kernels(
     g: Graph,
     expressions: PregelProgram,
+    path: tuple[str, int, int | None],
     max_rounds: int | None,
     listen: Any,
     run_options: Mapping[str, Any],
 ) -> tuple[DataFrame | None, dict[str, Any]]:
-    """``expressions`` compiled and run on the kernel engine: the vertices, or None and the
-    event log's notes naming what did not compile (the DataFrame path runs it then)."""
+    """``expressions`` compiled and run on the kernel engine, on the vector path or
+    (``path``: the method, the vertices, the blocks) the block path: the vertices, or None
+    and the event log's notes naming what did not compile (the DataFrame path, or the
+    block path's joins, run it then)."""
+    method, n, blocks = path
     typing = Typing.of(g.vertices, g.edges)
     try:
         compiled = compile_pregel(
@@ -300,8 +308,22 @@ def _on_kernels(
             expressions.aggregate,
             expressions.active,
         )
+        if method == "blocks":
+            check_for_blocks(compiled)
     except Unsupported as reason:
         return None, engine_note(str(reason), "pregel()")
+    if method == "blocks":
+        with itf.worker_errors(GraphError):
+            return run_on_blocks(
+                g,
+                compiled,
+                typing,
+                n=n,
+                blocks=blocks,
+                max_rounds=max_rounds,
+                listen=listen,
+                run_options=run_options,
+            ), {}
     with itf.worker_errors(GraphError):
         vertices = run_compiled(
             g,
