@@ -7,7 +7,8 @@ On the random graph of ``bench_graph.py`` (100,000 vertices, 1,000,000 edges; un
 
 - single-source shortest paths in hops from vertex 0, until no distance changes:
   ``pregel(g, program=VertexProgram(...))`` (numpy, vector path), ``pregel(g,
-  init=..., update=..., send_to_dst=...)`` (Column expressions, default method), and
+  init=..., update=..., send_to_dst=...)`` (Column expressions compiled to kernels, on
+  the vector path and with ``method="blocks"`` on the block path), and
   GraphX's ``ShortestPaths.run`` with one landmark (vertex 0; GraphX measures hops *to*
   the landmark, the same work on the reversed edges), GraphX's load of the edge list
   counted separately. Distances are checked against scipy's breadth-first search.
@@ -18,9 +19,9 @@ On the random graph of ``bench_graph.py`` (100,000 vertices, 1,000,000 edges; un
   improves (one layer active a round) and along every edge of every vertex that heard
   a message; per way of writing it, a line fitted to (messages, seconds) of its rounds
   gives the cost per message and per round.
-- the sum of the in-neighbours' ``x`` for every vertex: ``aggregate_messages`` against
-  ``edges.join(vertices).groupBy("dst").sum()`` written by hand, both forced with a
-  ``count()``, checked equal.
+- the sum of the in-neighbours' ``x`` for every vertex: ``aggregate_messages`` (its
+  default, and ``method="arrow"``) against ``edges.join(vertices).groupBy("dst").sum()``
+  written by hand, each forced with a ``count()``, checked equal.
 
 One ``local[2]`` session; one warm-up run of each variant, then 3 runs each taking
 turns (``--quick``: 1). Results go to ``benchmarks/results/bench_programs.json``.
@@ -71,13 +72,14 @@ def hops_program() -> VertexProgram:
     )
 
 
-def expressions_run(g: Graph) -> Any:
+def expressions_run(g: Graph, method: str = "auto") -> Any:
     return pregel(
         g,
         init={"hops": F.when(F.col("id") == 0, 0.0).otherwise(F.lit(None).cast("double"))},
         update={"hops": F.least(F.col("hops"), Pregel.msg())},
         send_to_dst=Pregel.src("hops") + F.lit(1.0),
         aggregate=F.min,
+        method=method,
         progress=False,
     )
 
@@ -88,7 +90,7 @@ def reference_hops(src: np.ndarray, dst: np.ndarray, n: int) -> np.ndarray:
 
 
 def check_hops(results: dict[str, Any], expected: np.ndarray) -> dict[str, Any]:
-    for name in ("numpy", "expressions"):
+    for name in ("numpy", "expressions", "expressions_blocks"):
         table = results[name].select("id", "hops").toArrow()
         got = np.full(len(expected), np.inf)
         values = table.column("hops").to_numpy(zero_copy_only=False)
@@ -111,6 +113,11 @@ def shortest_paths(spark: Any, g: Graph, path: Path, expected: np.ndarray, reps:
         result.count()
         return result, {}
 
+    def on_blocks() -> tuple[Any, dict[str, Any]]:
+        result = expressions_run(g, "blocks")
+        result.count()
+        return result, {}
+
     def graphx() -> tuple[Any, dict[str, Any]]:
         return graphx_peer.shortest_paths(spark, jgraph, [0]), {}
 
@@ -122,7 +129,13 @@ def shortest_paths(spark: Any, g: Graph, path: Path, expected: np.ndarray, reps:
     summary = compare_runners(
         spark,
         "shortest paths",
-        {"numpy": numpy_run, "expressions": expressions, "graphx": graphx, "graphx_load": load},
+        {
+            "numpy": numpy_run,
+            "expressions": expressions,
+            "expressions_blocks": on_blocks,
+            "graphx": graphx,
+            "graphx_load": load,
+        },
         reps,
         lambda results: check_hops(results, expected),
         release=release_graphx,
@@ -298,6 +311,7 @@ def main() -> None:
         "numpy_over_graphx_load_and_run": ratio(paths["numpy"], graphx_total),
         "expressions_over_graphx_run": ratio(paths["expressions"], paths["graphx"]),
         "expressions_over_graphx_load_and_run": ratio(paths["expressions"], graphx_total),
+        "expressions_blocks_over_graphx_run": ratio(paths["expressions_blocks"], paths["graphx"]),
         "aggregate_messages": sums,
         "aggregate_messages_over_join": ratio(sums["aggregate_messages"], sums["join"]),
         "aggregate_messages_arrow_over_join": ratio(sums["aggregate_messages_arrow"], sums["join"]),
@@ -305,12 +319,16 @@ def main() -> None:
     }
     rows = [
         (f"shortest paths {k} s (median)", paths[k]["s_median"])
-        for k in ("numpy", "expressions", "graphx", "graphx_load")
+        for k in ("numpy", "expressions", "expressions_blocks", "graphx", "graphx_load")
     ]
     rows += [
         ("numpy / GraphX run", results["numpy_over_graphx_run"]["of_medians"]),
         ("numpy / GraphX load + run", results["numpy_over_graphx_load_and_run"]["of_medians"]),
         ("expressions / GraphX run", results["expressions_over_graphx_run"]["of_medians"]),
+        (
+            "expressions on blocks / GraphX run",
+            results["expressions_blocks_over_graphx_run"]["of_medians"],
+        ),
         ("aggregate_messages s (median)", sums["aggregate_messages"]["s_median"]),
         ("join + groupBy s (median)", sums["join"]["s_median"]),
         ("aggregate_messages / join", results["aggregate_messages_over_join"]["of_medians"]),

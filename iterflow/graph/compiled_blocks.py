@@ -30,6 +30,7 @@ from iterflow.graph.block_layout import Layout, apart, vertex_layout
 from iterflow.graph.compiled_programs import Compiled
 from iterflow.graph.expressions import DTYPES, Unsupported
 from iterflow.graph.kernel_pregel import VALID, Typing, edge_frame, engine_note, refs, side_of
+from iterflow.graph.programs import CountedListener
 
 #: The packed state's own column of the active mask.
 ACTIVE = "_active"
@@ -218,6 +219,12 @@ def _rows(lay: Layout, final: DataFrame, compiled: Compiled, layout: Packing) ->
     return lay.with_ids(per_vertex)
 
 
+def _metric_counts(ctx: itf.RoundEnd) -> tuple[int, int]:
+    """A block round's messages and active vertices, from its kernels' metrics."""
+    metrics = ctx.progress.metrics
+    return int(metrics.get("messages") or 0), int(metrics.get("active") or 0)
+
+
 def run_on_blocks(
     g: Any,
     compiled: Compiled,
@@ -260,12 +267,13 @@ def run_on_blocks(
     vertices = g.vertices.select("id", *[c for c in g.vertices.columns if c != "id"])
     start = _starts(lay, vertices, compiled, layout)
     run_options = dict(run_options)
+    counted = None if listen is None else CountedListener(listen, _metric_counts)
     final = block_runner.run(
         lay,
         kernels,
         rows,
         rounds,
-        listen,
+        counted,
         run_options,
         start=start,
         notes=engine_note(None, "pregel()") | {"path": "blocks"},

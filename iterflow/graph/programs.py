@@ -312,24 +312,31 @@ def _program_body(program: VertexProgram, ids: pa.Array) -> itf.IterationBody:
     return vertex_program
 
 
-class _Counted(itf.RoundListener):
-    """A listener of a program's run, shown each round's progress as the DataFrame path
-    of ``pregel`` fills it: ``observed["messages"]`` (sent this round), ``["active"]``
-    (the vertices that send next round, also ``criteria_rows``), read from the round's
-    state row; and, when no vertex stayed active, the termination reasons
-    ``criteria_empty`` (and ``predicate`` when the last round sent nothing)."""
+def state_counts(ctx: itf.RoundEnd) -> tuple[int, int]:
+    """The messages a vector-path round sent and the vertices it left active, from its
+    state row."""
+    row = itf.to_arrow(ctx.variables["state"])
+    return int(row.column("_sent")[0].as_py()), int(_cell(row, "_active").sum())
 
-    def __init__(self, listener: Any) -> None:
+
+class CountedListener(itf.RoundListener):
+    """A listener of a kernel run of a vertex program, shown each round's progress as the
+    DataFrame path of ``pregel`` fills it: ``observed["messages"]`` (sent this round),
+    ``["active"]`` (the vertices that send next round, also ``criteria_rows``), as
+    ``counts`` reads them from the round; and, when the run ended with no vertex active,
+    the termination reasons ``criteria_empty`` (and ``predicate`` when the last round
+    sent nothing)."""
+
+    def __init__(
+        self, listener: Any, counts: Callable[[itf.RoundEnd], tuple[int, int]] = state_counts
+    ) -> None:
         self.listener = listener
+        self.counts = counts
         self.history: list[itf.RoundProgress] = []
 
     def on_round_end(self, ctx: itf.RoundEnd) -> None:
-        row = itf.to_arrow(ctx.variables["state"])
-        observed = {
-            **ctx.progress.observed,
-            "messages": int(row.column("_sent")[0].as_py()),
-            "active": int(_cell(row, "_active").sum()),
-        }
+        sent, awake = self.counts(ctx)
+        observed = {**ctx.progress.observed, "messages": sent, "active": awake}
         progress = attrs.evolve(
             ctx.progress,
             observed=observed,
@@ -348,7 +355,11 @@ class _Counted(itf.RoundListener):
             kept = {p.epoch: p for p in self.history}
             history = tuple(kept.get(p.epoch, p) for p in ctx.history)
             termination = ctx.termination
-            if termination.reason == "converged" and history:
+            if (
+                termination.reason != "max_rounds"
+                and history
+                and not history[-1].observed["active"]
+            ):
                 last = history[-1].observed
                 reasons: tuple[str, ...] = ("criteria_empty",)
                 if not last["messages"]:
@@ -414,6 +425,6 @@ def run_arrays(
     )
     if notes:
         iteration = iteration.note(**notes)
-    counted = None if listen is None else _Counted(listen)
+    counted = None if listen is None else CountedListener(listen)
     final = itf.to_arrow(run_iteration(iteration, counted, run_options).outputs["state"])
     return ids, {k: _cell(final, k) for k in program.state}
