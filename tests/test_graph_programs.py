@@ -140,8 +140,26 @@ def test_bad_programs_are_graph_errors(spark):
     g, _, _ = random_graph(spark, n=5, m=5)
     with pytest.raises(GraphError, match="either program="):
         pregel(g, program=SSSP, init={"dist": F.lit(0.0)}, update={})
-    with pytest.raises(GraphError, match="runs on the vector path"):
-        pregel(g, program=SSSP, method="blocks")
+    with pytest.raises(GraphError, match="method='dataframe' is for programs written as Column"):
+        pregel(g, program=SSSP, method="dataframe")
+    reads_the_receiver = VertexProgram(
+        state={"x": np.float64},
+        init=lambda v: {"x": np.zeros(v.num_rows)},
+        send_to_dst=lambda s, d, e: s["x"] - d["x"],
+        apply=lambda s, m, got: (s, got),
+    )
+    with pytest.raises(GraphError, match="reads 'x' of the destination"):
+        pregel(g, program=reads_the_receiver, method="blocks")
+
+
+@pytest.mark.parametrize("blocks", [1, 3])
+def test_numpy_programs_on_the_block_path_equal_the_vector_path(spark, blocks):
+    g, _, _ = random_graph(spark)
+    vector = {r.id: r.dist for r in pregel(g, program=SSSP, max_rounds=100).collect()}
+    on_blocks = pregel(g, program=SSSP, method="blocks", blocks=blocks, max_rounds=100)
+    rows = on_blocks.collect()
+    assert {r.id: r.dist for r in rows} == pytest.approx(vector)
+    assert {r.name for r in rows} == {f"v{i}" for i in range(60)}
 
 
 def test_a_round_finds_its_senders_edges_by_mask_or_binary_search():

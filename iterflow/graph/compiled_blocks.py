@@ -1,15 +1,19 @@
-"""Compiled vertex programs on the block path: ``pregel(init=, update=...)`` beyond the
-vector path's limit, on the same numpy kernels as the vector path (``compiled_programs``),
-with the vertex state in blocks held by Spark's tasks (``block_runner``).
+"""Vertex programs on the block path: ``pregel(init=, update=...)`` (compiled,
+``compiled_programs``) and ``pregel(program=VertexProgram(...))`` beyond the vector
+path's limit, on the same numpy functions as the vector path, with the vertex state in
+blocks held by Spark's tasks (``block_runner``).
 
 A block's state is one array (``packed``): every state column, its validity mask and the
 active mask, each stored as 64-bit integers (floats by their bits), so that the block
 runner carries it unchanged. A round's *send* evaluates the messages of the block's
 active vertices over their edges (read from the block's edge file by source offset, a
 cost that follows the active vertices) and merges them per destination vertex; the
-*receive* merges what reached a block and runs the updates. A message may read its
-sender and the edge, not its receiver (which lives in another block): a program whose
-messages read the receiver runs on the block path's joins instead, and says so.
+*receive* merges what reached a block and runs the updates (``apply``) on that block's
+vertices. A message may read its sender and the edge, not its receiver (which lives in
+another block): a compiled program whose messages read the receiver runs on the block
+path's joins instead, and says so; a ``VertexProgram`` that reads it is a
+``GraphError``. ``init`` and ``apply`` see one block at a time, so they must work vertex
+by vertex (as every example does); a ``go_on`` from ``apply`` is a ``GraphError`` here.
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ from iterflow.graph.block_kernels import BlockKernels, Partial, Received, Slice
 from iterflow.graph.block_layout import Layout, apart, vertex_layout
 from iterflow.graph.compiled_programs import Compiled
 from iterflow.graph.expressions import DTYPES, Unsupported
+from iterflow.graph.graphs import GraphError
 from iterflow.graph.kernel_pregel import VALID, Typing, edge_frame, engine_note, refs, side_of
-from iterflow.graph.programs import CountedListener
+from iterflow.graph.programs import CountedListener, VertexProgram, sent_messages, spark_type
 
 #: The packed state's own column of the active mask.
 ACTIVE = "_active"
@@ -80,13 +85,61 @@ def check_for_blocks(compiled: Compiled) -> None:
 
 
 @attrs.frozen
+class BlockProgram:
+    """What the block path needs of a vertex program: the ``VertexProgram``, its output
+    columns (name to Spark type and numpy dtype; ``masked``: each has a validity array),
+    the edge columns its messages read, and the numpy dtype of its merged messages."""
+
+    program: VertexProgram
+    outputs: Mapping[str, tuple[str, str]]
+    edge_columns: tuple[str, ...]
+    message_dtype: str
+    masked: bool
+
+    @classmethod
+    def of_compiled(cls, compiled: Compiled) -> BlockProgram:
+        types = compiled.types
+        outputs = {n: (types[n], np.dtype(DTYPES[types[n]]).str) for n in compiled.state}
+        read = tuple(c for name in sorted(compiled.edge_columns) for c in (name, name + VALID))
+        dtype = np.dtype(DTYPES[compiled.messages.merged_type]).str
+        return cls(compiled.program, outputs, read, dtype, masked=True)
+
+    @classmethod
+    def of_numpy(cls, program: VertexProgram, edges: DataFrame) -> BlockProgram:
+        """A ``VertexProgram`` checked for the block path (``GraphError`` otherwise): its
+        messages' dtype found by calling the send functions on no edges."""
+        if program.senders != "source":
+            raise GraphError("on the block path a VertexProgram sends with senders='source'")
+        read = tuple(c for c in edges.columns if c not in ("src", "dst") and c[:1] != "_")
+        types = {f.name: f.dataType.simpleString() for f in edges.schema.fields}
+        none = {c: np.zeros(0, dtype=DTYPES.get(types[c], object)) for c in read}
+        state = {k: np.zeros(0, dtype=d) for k, d in program.state.items()}
+        dtypes = []
+        for send, backwards in ((program.send_to_dst, False), (program.send_to_src, True)):
+            if send is None:
+                continue
+            try:
+                out = send({}, state, none) if backwards else send(state, {}, none)
+            except KeyError as missing:
+                end = "source" if backwards else "destination"
+                raise GraphError(
+                    "on the block path a VertexProgram's messages read their sender and the "
+                    f"edge, and this one reads {missing} of the {end} (held by another "
+                    "block); run it on the vector path, or send the value along instead"
+                ) from None
+            dtypes.append(np.asarray(np.ma.getdata(out)).dtype)
+        outputs = {n: (spark_type(d), np.dtype(d).str) for n, d in program.state.items()}
+        return cls(program, outputs, read, np.result_type(*dtypes).str, masked=False)
+
+
+@attrs.frozen
 class CompiledKernels(BlockKernels):
-    """A compiled program's send and receive on one block's packed state."""
+    """A vertex program's send and receive on one block's packed state."""
 
     state: ClassVar[dict[str, pa.DataType]] = {"packed": pa.int64()}
     by_source: ClassVar[bool] = True
 
-    compiled: Compiled
+    compiled: BlockProgram
     layout: Packing
     edge_columns: tuple[str, ...]
     messages: Any
@@ -115,8 +168,8 @@ class CompiledKernels(BlockKernels):
                 if back
                 else send(part, {}, _picked(columns, these))
             )
-            ok = ~np.ma.getmaskarray(sent)
-            values.append(np.asarray(np.ma.getdata(sent))[ok])
+            data, ok = sent_messages(sent, int(these.sum()), "send", program.nan_sends)
+            values.append(data[ok].astype(self.compiled.message_dtype))
             keep.append(np.flatnonzero(these)[ok])
         if not values:
             return
@@ -129,7 +182,7 @@ class CompiledKernels(BlockKernels):
     def receive(self, block: int, heard: Received) -> Slice:
         old = unpack(heard.own, self.layout)
         size = len(heard.own) // len(self.layout)
-        merged = np.zeros(size, dtype=DTYPES[self.compiled.messages.merged_type])
+        merged = np.zeros(size, dtype=self.compiled.message_dtype)
         reached = np.zeros(size, dtype=bool)
         pairs = [(i, v) for i, v in heard.at_offsets() if len(i)]
         if pairs:
@@ -141,6 +194,8 @@ class CompiledKernels(BlockKernels):
             merged[index[starts]] = self.compiled.program.ufunc.reduceat(value, starts)
             reached[index[starts]] = True
         applied = self.compiled.program.apply(old, merged, reached)
+        if len(applied) > 2:
+            raise GraphError("on the block path apply returns (state, active), not go_on")
         new, active = dict(applied[0]), np.asarray(applied[1], dtype=bool)
         new[ACTIVE] = active
         self.active.inc(int(active.sum()))
@@ -168,7 +223,7 @@ def _merged_per_block(
         yield Partial(int(blocks[lo]), _as_int64(merged[lo:hi]), offsets[lo:hi].astype(np.int32))
 
 
-def _starts(lay: Layout, vertices: DataFrame, compiled: Compiled, layout: Packing) -> DataFrame:
+def _starts(lay: Layout, vertices: DataFrame, compiled: BlockProgram, layout: Packing) -> DataFrame:
     """Each block's first packed state, from its vertices' rows (all active)."""
     program = compiled.program
     sizes = lay.sizes
@@ -188,10 +243,11 @@ def _starts(lay: Layout, vertices: DataFrame, compiled: Compiled, layout: Packin
     return lay.placed(starts)
 
 
-def _rows(lay: Layout, final: DataFrame, compiled: Compiled, layout: Packing) -> DataFrame:
+def _rows(lay: Layout, final: DataFrame, compiled: BlockProgram, layout: Packing) -> DataFrame:
     """Each vertex's ``id`` and state columns (nulls where invalid) from the last state."""
-    names, types = compiled.state, compiled.types
-    fields = ", ".join(f"`{n}` {types[n]}" for n in names)
+    outputs = compiled.outputs
+    names = list(outputs)
+    fields = ", ".join(f"`{n}` {spark}" for n, (spark, _) in outputs.items())
 
     def split(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -204,15 +260,11 @@ def _rows(lay: Layout, final: DataFrame, compiled: Compiled, layout: Packing) ->
                     pa.array(np.full(size, block, np.int32)),
                     pa.array(np.arange(size, dtype=np.int32)),
                 ]
-                for n in names:
-                    dtype = DTYPES[types[n]]
-                    columns.append(
-                        pa.array(
-                            arrays[n].astype(dtype),
-                            mask=~arrays[n + VALID],
-                            type=pa.from_numpy_dtype(dtype),
-                        )
-                    )
+                for n, (_, dtype) in outputs.items():
+                    mask = ~arrays[n + VALID] if compiled.masked else None
+                    values = arrays[n].astype(dtype)
+                    kind = pa.from_numpy_dtype(values.dtype)
+                    columns.append(pa.array(values, mask=mask, type=kind))
                 yield pa.RecordBatch.from_arrays(columns, names=["block", "offset", *names])
 
     per_vertex = final.mapInArrow(split, f"block INT, offset INT, {fields}")
@@ -225,10 +277,17 @@ def _metric_counts(ctx: itf.RoundEnd) -> tuple[int, int]:
     return int(metrics.get("messages") or 0), int(metrics.get("active") or 0)
 
 
+def run_compiled_on_blocks(g: Any, compiled: Compiled, typing: Typing, **options: Any) -> DataFrame:
+    """Run ``compiled`` (``check_for_blocks``) on the block path: the vertices with their
+    state columns."""
+    edges = edge_frame(g.edges, compiled.edge_columns, typing)
+    return run_on_blocks(g, BlockProgram.of_compiled(compiled), edges, **options)
+
+
 def run_on_blocks(
     g: Any,
-    compiled: Compiled,
-    typing: Typing,
+    compiled: BlockProgram,
+    edges: DataFrame,
     *,
     n: int,
     blocks: int | None,
@@ -236,20 +295,19 @@ def run_on_blocks(
     listen: Any,
     run_options: Mapping[str, Any],
 ) -> DataFrame:
-    """Run ``compiled`` (``check_for_blocks``) on the block path: the vertices with their
-    state columns."""
+    """Run ``compiled`` on the block path over ``edges`` (``src``, ``dst`` and the
+    columns its messages read): the vertices with their state columns."""
     lay = vertex_layout(g.vertices, n, blocks)
     layout: Packing = (
         *((name, np.dtype(d).str) for name, d in compiled.program.state.items()),
         (ACTIVE, "|b1"),
     )
-    read = tuple(c for name in sorted(compiled.edge_columns) for c in (name, name + VALID))
-    edges = edge_frame(g.edges, compiled.edge_columns, typing)
-    both = compiled.messages.to_src is not None
-    if compiled.messages.to_dst is None:  # only backwards: every edge turned
+    read = compiled.edge_columns
+    program = compiled.program
+    if program.send_to_dst is None:  # only backwards: every edge turned
         rows = edge_rows(lay, edges, reverse=True, columns=read)
     else:
-        rows = edge_rows(lay, edges, both=both, columns=read)
+        rows = edge_rows(lay, edges, both=program.send_to_src is not None, columns=read)
     kernels = CompiledKernels(
         compiled, layout, read, itf.metrics.counter("messages"), itf.metrics.counter("active")
     )
@@ -279,6 +337,6 @@ def run_on_blocks(
         notes=engine_note(None, "pregel()") | {"path": "blocks"},
     )
     state = apart(_rows(lay, final, compiled, layout))
-    own = [c for c in g.vertices.columns if c not in compiled.state]
+    own = [c for c in g.vertices.columns if c not in compiled.outputs]
     joined = g.vertices.select(*own).join(state, "id")
-    return joined.select(*own, *compiled.state)
+    return joined.select(*own, *compiled.outputs)

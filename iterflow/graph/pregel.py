@@ -46,7 +46,12 @@ from pyspark.sql.types import StructField, StructType
 import iterflow as itf
 from iterflow.graph.block_edges import check_block, edge_file, edge_rows, gathered
 from iterflow.graph.block_layout import Layout, apart, vertex_layout
-from iterflow.graph.compiled_blocks import check_for_blocks, run_on_blocks
+from iterflow.graph.compiled_blocks import (
+    BlockProgram,
+    check_for_blocks,
+    run_compiled_on_blocks,
+    run_on_blocks,
+)
 from iterflow.graph.compiled_programs import compile_pregel, run_compiled
 from iterflow.graph.expressions import Unsupported
 from iterflow.graph.graphs import (
@@ -229,7 +234,7 @@ def pregel(
     if program is not None:
         if init is not None or update is not None:
             raise GraphError("pregel() takes either program= or init= and update=, not both")
-        return _numpy_program(graph, program, method, max_rounds, listen, run_options)
+        return _numpy_program(graph, program, (method, blocks), max_rounds, listen, run_options)
     if init is None or update is None:
         raise GraphError("pregel() needs init= and update= (Column expressions), or program=")
     expressions = PregelProgram(
@@ -314,7 +319,7 @@ def _on_kernels(
         return None, engine_note(str(reason), "pregel()")
     if method == "blocks":
         with itf.worker_errors(GraphError):
-            return run_on_blocks(
+            return run_compiled_on_blocks(
                 g,
                 compiled,
                 typing,
@@ -340,21 +345,37 @@ def _on_kernels(
 def _numpy_program(
     graph: Any,
     program: VertexProgram,
-    method: str,
+    path: tuple[str, int | None],
     max_rounds: int | None,
     listen: Any,
     run_options: Mapping[str, Any],
 ) -> Any:
-    """``pregel(program=...)``: a ``VertexProgram`` on the vector path, or a ``GraphError``
-    naming the limit when the graph or ``method`` asks for another path."""
-    path, n = choose_method("pregel", method, as_graph(graph))
-    if path != "arrow":
+    """``pregel(program=...)``: a ``VertexProgram`` on the vector path, or (``path``: the
+    method and the blocks) on the block path (``compiled_blocks``); ``method="dataframe"``
+    is a ``GraphError``: a numpy program has no DataFrame form."""
+    method, blocks = path
+    if not isinstance(program, VertexProgram):
+        raise GraphError(f"pregel(program=...) takes a VertexProgram, got {type(program).__name__}")
+    g = as_graph(graph)
+    chosen, n = choose_method("pregel", method, g)
+    if chosen == "dataframe":
         raise GraphError(
-            f"pregel(program=...) runs on the vector path (the state in numpy on the "
-            f"driver), and method={method!r} on {n:,} vertices asks for {path!r} "
-            "(spark.iterflow.graph.vectorLimit bounds the vector path); write the "
-            "program as Column expressions (init=, update=, send_to_dst=) for that path"
+            "pregel(program=...) runs numpy functions, on the vector path or the block "
+            "path; method='dataframe' is for programs written as Column expressions"
         )
+    if chosen == "blocks":
+        with itf.worker_errors(GraphError):
+            vertices = run_on_blocks(
+                g,
+                BlockProgram.of_numpy(program, g.edges),
+                g.edges,
+                n=n,
+                blocks=blocks,
+                max_rounds=max_rounds,
+                listen=listen,
+                run_options=run_options,
+            )
+        return graph_result(graph, vertices)
     with itf.worker_errors(GraphError):
         vertices = run_program(
             graph, program, max_rounds=max_rounds, listen=listen, run_options=run_options

@@ -61,7 +61,7 @@ SENDERS = ("source", "either")
 Arrays = dict[str, np.ndarray]
 
 
-def _spark_type(dtype: Any) -> str:
+def spark_type(dtype: Any) -> str:
     kind = np.dtype(dtype).str[1:]
     if kind not in _SPARK_TYPES:
         raise GraphError(
@@ -115,7 +115,7 @@ class VertexProgram:
         if not self.state:
             raise GraphError("VertexProgram(state=...) needs at least one state array")
         for dtype in self.state.values():
-            _spark_type(dtype)
+            spark_type(dtype)
         if self.send_to_dst is None and self.send_to_src is None:
             raise GraphError("VertexProgram needs send_to_dst=, send_to_src= or both")
         if not isinstance(self.merge, np.ufunc) and self.merge not in _MERGES:
@@ -132,7 +132,7 @@ class VertexProgram:
         return self.merge if isinstance(self.merge, np.ufunc) else _MERGES[self.merge]
 
 
-def _sent(
+def sent_messages(
     messages: Any, count: int, who: str, nan_sends: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """A send function's result as (values, which edges send): a masked entry sends
@@ -185,7 +185,7 @@ class MessageStep(itf.CombineFn):
             edges = {c: v[live] for c, v in columns.items() if not c.startswith("_")}
             ends = frm[live], to[live]
             at_src, at_dst = ends if who == "send_to_dst" else ends[::-1]
-            values, sends = _sent(
+            values, sends = sent_messages(
                 send(
                     {k: v[at_src] for k, v in self.state.items()},
                     {k: v[at_dst] for k, v in self.state.items()},
@@ -269,7 +269,7 @@ def _state_row(
 
 
 def _schema(program: VertexProgram) -> str:
-    fields = [f"`{k}` ARRAY<{_spark_type(d)}>" for k, d in program.state.items()]
+    fields = [f"`{k}` ARRAY<{spark_type(d)}>" for k, d in program.state.items()]
     return ", ".join([*fields, "`_active` ARRAY<BOOLEAN>", "`_awake` BIGINT", "`_sent` BIGINT"])
 
 
