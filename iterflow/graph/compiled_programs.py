@@ -60,8 +60,8 @@ def _own_scope(arrays: Arrays, types: Mapping[str, str], message: Value, typing:
     def lookup(name: str) -> Value:
         if name in MESSAGE_NAMES:
             return message
-        if name.startswith(OLD):
-            return kept(arrays, OLD + name[len(OLD) :], types[name[len(OLD) :]])
+        if name.startswith(OLD):  # the value before the update (in ``active``)
+            return kept(arrays, name, types[name[len(OLD) :]])
         if name not in types:
             raise Unsupported(f"an update reads {name!r}, which is not a vertex column")
         return kept(arrays, name, types[name])
