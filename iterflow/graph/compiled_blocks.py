@@ -36,6 +36,7 @@ from iterflow.graph.expressions import DTYPES, Unsupported
 from iterflow.graph.graphs import GraphError
 from iterflow.graph.kernel_pregel import VALID, Typing, edge_frame, engine_note, refs, side_of
 from iterflow.graph.programs import CountedListener, VertexProgram, sent_messages, spark_type
+from iterflow.graph.vectors import merged_per_key
 
 #: The packed state's own column of the active mask.
 ACTIVE = "_active"
@@ -182,17 +183,11 @@ class CompiledKernels(BlockKernels):
     def receive(self, block: int, heard: Received) -> Slice:
         old = unpack(heard.own, self.layout)
         size = len(heard.own) // len(self.layout)
-        merged = np.zeros(size, dtype=self.compiled.message_dtype)
-        reached = np.zeros(size, dtype=bool)
         pairs = [(i, v) for i, v in heard.at_offsets() if len(i)]
-        if pairs:
-            index = np.concatenate([i for i, _ in pairs])
-            value = _from_int64(np.concatenate([v for _, v in pairs]), merged.dtype.str)
-            order = np.argsort(index, kind="stable")
-            index, value = index[order], value[order]
-            starts = np.flatnonzero(first_of_runs(index))
-            merged[index[starts]] = self.compiled.program.ufunc.reduceat(value, starts)
-            reached[index[starts]] = True
+        index = np.concatenate([i for i, _ in pairs]) if pairs else np.zeros(0, np.int64)
+        bits = np.concatenate([v for _, v in pairs]) if pairs else np.zeros(0, np.int64)
+        value = _from_int64(bits, self.compiled.message_dtype)
+        merged, reached = merged_per_key(index, value, size, self.compiled.program.ufunc)
         applied = self.compiled.program.apply(old, merged, reached)
         if len(applied) > 2:
             raise GraphError("on the block path apply returns (state, active), not go_on")

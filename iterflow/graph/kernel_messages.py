@@ -38,9 +38,17 @@ from iterflow.graph.expressions import (
     wider,
 )
 from iterflow.graph.graphs import Graph, GraphError
-from iterflow.graph.kernel_pregel import MERGES, Typing, kept, refs, side_of, vertex_arrays
+from iterflow.graph.kernel_pregel import (
+    MERGES,
+    Typing,
+    kept,
+    message_type,
+    refs,
+    side_of,
+    vertex_arrays,
+)
 from iterflow.graph.methods import vector_limit
-from iterflow.graph.vectors import edge_positions
+from iterflow.graph.vectors import edge_positions, merged_per_key
 
 #: The message's name in aggregates (``AggregateMessages.msg``).
 MESSAGE = "MSG"
@@ -76,13 +84,13 @@ def plan(
         raise Unsupported("several messages sent as one struct")
     typing = Typing.of(g.vertices, g.edges)
     sent = {end: parse(c[0]) if c else None for end, c in (("src", to_src), ("dst", to_dst))}
-    types = [_message_type(typing, e) for e in sent.values() if e is not None]
-    message_type = wider(*types)
-    if message_type == "void":
+    types = [message_type(typing, typing.vertex, e) for e in sent.values() if e is not None]
+    common = wider(*types)
+    if common == "void":
         raise Unsupported("the messages are untyped nulls")
     kinds = [aggregate_of(parse(a), _is_message)[0] for a in aggregates]
     spark = g.vertices.sparkSession
-    schema = spark.createDataFrame([], f"{MESSAGE} {message_type}").agg(*aggregates).schema
+    schema = spark.createDataFrame([], f"{MESSAGE} {common}").agg(*aggregates).schema
     out = []
     for kind, field in zip(kinds, schema.fields, strict=True):
         result = field.dataType.simpleString()
@@ -94,23 +102,13 @@ def plan(
         if expr is not None:
             columns |= {c for s, c in map(side_of, refs(expr)) if s in ("src", "dst")}
     return (
-        Plan(sent["src"], sent["dst"], tuple(out), message_type, tuple(sorted(columns)), typing),
+        Plan(sent["src"], sent["dst"], tuple(out), common, tuple(sorted(columns)), typing),
         schema,
     )
 
 
 def _is_message(expr: Expr) -> bool:
     return expr.kind == "ref" and expr.name == MESSAGE
-
-
-def _message_type(typing: Typing, message: Expr) -> str:
-    def lookup(name: str) -> Value:
-        side, column = side_of(name)
-        types = typing.edge if side == "edge" else typing.vertex
-        spark_type = typing.column(types, column, f"a message's {side}")
-        return Value(np.zeros(0, DTYPES[spark_type]), None, spark_type)
-
-    return evaluate(message, Scope(lookup, 0, typing.ansi)).type
 
 
 class Pending:
@@ -144,18 +142,10 @@ class Pending:
         columns = [np.concatenate([c[1][i] for c in self.chunks]) for i in range(len(self.merged))]
         self.chunks, self.rows = [], 0
         self.reached[to] = True
-        order = np.argsort(to[valid], kind="stable")
-        targets = to[valid][order]
-        if not len(targets):
-            return self
-        starts = np.flatnonzero(np.r_[True, targets[1:] != targets[:-1]])
-        at = targets[starts]
         for i, aggregate in enumerate(self.step.plan.aggregates):
-            part = np.zeros(len(self.reached), dtype=self.merged[i][0].dtype)
-            hit = np.zeros(len(self.reached), dtype=bool)
-            part[at] = _merge(aggregate).reduceat(columns[i][valid][order], starts)
-            hit[at] = True
-            self.merged[i] = _pair(aggregate, self.merged[i], (part, hit))
+            values = columns[i][valid].astype(self.merged[i][0].dtype)
+            part = merged_per_key(to[valid], values, len(self.reached), _merge(aggregate))
+            self.merged[i] = _pair(aggregate, self.merged[i], part)
         return self
 
     def absorb(self, other: Pending) -> None:

@@ -147,6 +147,19 @@ class Typing:
         return Scope(lookup, 0, self.ansi)
 
 
+def message_type(typing: Typing, state_types: Mapping[str, str], message: Expr) -> str:
+    """The Spark type of ``message`` over vertices of ``state_types`` and ``typing``'s
+    edges (``Unsupported`` for a column it cannot read)."""
+
+    def lookup(name: str) -> Value:
+        side, column = side_of(name)
+        types = typing.edge if side == "edge" else state_types
+        spark_type = typing.column(types, column, f"a message's {side}")
+        return Value(np.zeros(0, DTYPES[spark_type]), None, spark_type)
+
+    return evaluate(message, Scope(lookup, 0, typing.ansi)).type
+
+
 @attrs.frozen
 class Messages:
     """The compiled messages of a program: per direction, the message expression; the
@@ -167,22 +180,12 @@ class Messages:
         to_src: Expr | None,
         aggregate: Expr,
     ) -> Messages:
-        types = [cls._type(typing, state_types, e) for e in (to_dst, to_src) if e is not None]
-        message_type = wider(*types)
-        if message_type == "void":
+        types = [message_type(typing, state_types, e) for e in (to_dst, to_src) if e is not None]
+        common = wider(*types)
+        if common == "void":
             raise Unsupported("the messages are untyped nulls")
         name, _ = aggregate_of(aggregate, lambda e: e.kind == "ref" and e.name in MESSAGE_NAMES)
-        return cls(to_dst, to_src, name, message_type, aggregated_type(name, message_type))
-
-    @staticmethod
-    def _type(typing: Typing, state_types: Mapping[str, str], message: Expr) -> str:
-        def lookup(name: str) -> Value:
-            side, column = side_of(name)
-            types = typing.edge if side == "edge" else state_types
-            spark_type = typing.column(types, column, f"a message's {side}")
-            return Value(np.zeros(0, DTYPES[spark_type]), None, spark_type)
-
-        return evaluate(message, Scope(lookup, 0, typing.ansi)).type
+        return cls(to_dst, to_src, name, common, aggregated_type(name, common))
 
     def columns(self, side: str) -> set[str]:
         """The columns a message reads from ``side`` (``"src"``, ``"dst"``, ``"edge"``)."""

@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame
 
 import iterflow as itf
 from iterflow.graph.graphs import GraphError, as_graph, run_iteration
-from iterflow.graph.vectors import edge_positions
+from iterflow.graph.vectors import edge_positions, merged_per_key
 
 #: Spark's name for each numpy kind of state.
 _SPARK_TYPES = {
@@ -210,16 +210,7 @@ class MessageStep(itf.CombineFn):
         return self.add_inputs(acc, pa.Table.from_batches([batch]))
 
     def _merged(self, acc: Any, to: np.ndarray, values: np.ndarray, count: int) -> Any:
-        reached = acc[1]
-        ufunc = self.program.ufunc
-        part = np.zeros(len(reached), dtype=values.dtype)
-        hit = np.zeros(len(reached), dtype=bool)
-        if len(to):
-            order = np.argsort(to, kind="stable")
-            to, values = to[order], values[order]
-            starts = np.flatnonzero(np.r_[True, to[1:] != to[:-1]])
-            part[to[starts]] = ufunc.reduceat(values, starts)
-            hit[to[starts]] = True
+        part, hit = merged_per_key(to, values, len(acc[1]), self.program.ufunc)
         return self._both(acc, (part, hit, count))
 
     def _both(self, one: Any, other: Any) -> Any:

@@ -72,6 +72,24 @@ def sorted_distinct(values: np.ndarray) -> np.ndarray:
     return ordered[starts]
 
 
+def merged_per_key(
+    keys: np.ndarray, values: np.ndarray, size: int, merge: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` merged per key (positions below ``size``) by ``merge`` (a numpy ufunc, or
+    an object with ``reduceat``): an array of ``size`` (zero where no key) and a mask of
+    the keys present. One stable sort and ``reduceat`` over the runs, so that a merge
+    keeping the first value keeps the first given."""
+    out = np.zeros(size, dtype=values.dtype)
+    present = np.zeros(size, dtype=bool)
+    if len(keys):
+        order = np.argsort(keys, kind="stable")
+        ordered = keys[order]
+        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+        out[ordered[starts]] = merge.reduceat(values[order], starts)
+        present[ordered[starts]] = True
+    return out, present
+
+
 def cell_values(column: Any, row: int = 0) -> np.ndarray:
     """The vector in list cell ``row`` of an Arrow list column, as numpy."""
     return column[row].values.to_numpy()
