@@ -426,3 +426,24 @@ def test_a_message_reading_the_receiver_keeps_the_block_joins_and_says_why(spark
         "d",
     )
     assert all(rows[v][0] == pytest.approx(expected[v][0]) for v in expected)
+
+
+def test_aggregate_messages_first_on_kernels(spark):
+    from iterflow.graph import AggregateMessages as AM
+    from iterflow.graph import aggregate_messages
+
+    g, _, _ = graph(spark, seed=29)
+    v = g.vertices.withColumn("x", F.col("id") * 2)
+
+    def run(method):
+        # Every message to a vertex is its own x: first() has one answer.
+        return aggregate_messages(
+            Graph(v, g.edges),
+            [F.first(AM.msg).alias("mine"), F.count(AM.msg).alias("n")],
+            send_to_dst=AM.dst["x"],
+            method=method,
+        )
+
+    kernel = _rows(run("arrow"), "mine", "n")
+    assert kernel == _rows(run("dataframe"), "mine", "n")
+    assert all(mine == 2 * vertex for vertex, (mine, _) in kernel.items())

@@ -305,8 +305,8 @@ def _dividing(op: Callable[..., np.ndarray], name: str, double: bool) -> Callabl
 
     def apply(args: list[Value], scope: Scope) -> Value:
         a, b = args
-        out = "double" if double else _numeric(args, name)
-        _numeric(args, name)
+        common = _numeric(args, name)  # checks both are numbers
+        out = "double" if double else common
         dtype = DTYPES[out]
         valid = _and_valid(a, b)
         zero = b.data == 0

@@ -48,7 +48,8 @@ from iterflow.graph.kernel_pregel import (
     vertex_arrays,
 )
 from iterflow.graph.methods import vector_limit
-from iterflow.graph.vectors import edge_positions, merged_per_key
+from iterflow.graph.programs import merge_function
+from iterflow.graph.vectors import edge_positions, merged_pair, merged_per_key
 
 #: The message's name in aggregates (``AggregateMessages.msg``).
 MESSAGE = "MSG"
@@ -224,17 +225,11 @@ class AggregateStep(itf.CombineFn):
 
 
 def _merge(aggregate: Aggregate) -> Any:
-    merge = MERGES[aggregate.kind]
-    return np.add if merge == "sum" else MERGES["first"] if merge == "first" else merge
+    return merge_function(MERGES[aggregate.kind])
 
 
 def _pair(aggregate: Aggregate, one: Any, other: Any) -> tuple[np.ndarray, np.ndarray]:
-    (a, a_hit), (b, b_hit) = one, other
-    out = np.where(a_hit, a, b)
-    both = a_hit & b_hit
-    if both.any():
-        out[both] = _merge(aggregate)(a[both], b[both])
-    return out, a_hit | b_hit
+    return merged_pair(_merge(aggregate), one, other)
 
 
 def _combined_schema(plan: Plan) -> str:

@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame
 
 import iterflow as itf
 from iterflow.graph.graphs import GraphError, as_graph, run_iteration
-from iterflow.graph.vectors import edge_positions, merged_per_key
+from iterflow.graph.vectors import edge_positions, merged_pair, merged_per_key
 
 #: Spark's name for each numpy kind of state.
 _SPARK_TYPES = {
@@ -129,7 +129,13 @@ class VertexProgram:
     @property
     def ufunc(self) -> Any:
         """The merge as a numpy ufunc (or an object with ``reduceat`` and a call, as one)."""
-        return self.merge if isinstance(self.merge, np.ufunc) else _MERGES[self.merge]
+        return merge_function(self.merge)
+
+
+def merge_function(merge: str | np.ufunc) -> Any:
+    """A merge named as ``VertexProgram(merge=...)`` takes it, as a numpy ufunc (or, for
+    ``"first"``, an object with ``reduceat`` and a call, as one)."""
+    return merge if isinstance(merge, np.ufunc) else _MERGES[merge]
 
 
 def sent_messages(
@@ -219,10 +225,8 @@ class MessageStep(itf.CombineFn):
             return b, b_hit, a_sent + b_sent
         if b is None:
             return a, a_hit, a_sent + b_sent
-        out = np.where(a_hit, a, b).astype(np.result_type(a, b))
-        both = a_hit & b_hit
-        out[both] = self.program.ufunc(a[both], b[both])
-        return out, a_hit | b_hit, a_sent + b_sent
+        out, hit = merged_pair(self.program.ufunc, (a, a_hit), (b, b_hit))
+        return out, hit, a_sent + b_sent
 
     def merge_accumulators(self, accs: list[Any]) -> Any:
         acc = self.create_accumulator()

@@ -90,6 +90,19 @@ def merged_per_key(
     return out, present
 
 
+def merged_pair(
+    merge: Any, one: tuple[np.ndarray, np.ndarray], other: tuple[np.ndarray, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Two ``merged_per_key`` results as one: where both have a key, ``merge`` of the two
+    (the first given first), else the one that has it."""
+    (a, a_hit), (b, b_hit) = one, other
+    out = np.where(a_hit, a, b).astype(np.result_type(a, b))
+    both = a_hit & b_hit
+    if both.any():
+        out[both] = merge(a[both], b[both])
+    return out, a_hit | b_hit
+
+
 def cell_values(column: Any, row: int = 0) -> np.ndarray:
     """The vector in list cell ``row`` of an Arrow list column, as numpy."""
     return column[row].values.to_numpy()
