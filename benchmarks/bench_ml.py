@@ -46,7 +46,7 @@ Two workloads, each built once, cached and counted before anything is timed:
    cached and counted.
 
    - **iterflow**: ``logistic_regression(df, features=[20 columns], max_rounds=50,
-     tol=None, learning_rate=1.0, progress=False)``: full-batch gradient descent,
+     tol=None, solver="gd", learning_rate=1.0, progress=False)``: full-batch gradient descent,
      always 50 rounds.
    - **MLlib**: ``LogisticRegression(maxIter=50, tol=0.0, regParam=0.0,
      standardization=False).fit(assembled)``: L-BFGS, which may stop before 50
@@ -385,6 +385,7 @@ def iterflow_logistic(df: DataFrame, names: list[str], recorder: type[Rounds] = 
             features=names,
             max_rounds=LR_ROUNDS,
             tol=None,
+            solver="gd",
             learning_rate=LEARNING_RATE,
             progress=False,
             listen=rounds,
@@ -680,6 +681,7 @@ def main() -> None:
         regression_rows=rows,
         regression_features=LR_FEATURES,
         regression_rounds=LR_ROUNDS,
+        solver="gd",
         learning_rate=LEARNING_RATE,
         repetitions=repetitions,
         warm_up_runs=1,
@@ -691,7 +693,7 @@ def main() -> None:
         ml_kmeans_random_init="pyspark.ml.clustering.KMeans(k=16, maxIter=20, tol=0.0, "
         "initMode='random', seed=1).fit(vectors)",
         iterflow_logistic="logistic_regression(df, features=[x0..x19], max_rounds=50, tol=None, "
-        "learning_rate=1.0, progress=False)",
+        "solver='gd', learning_rate=1.0, progress=False)",
         mllib_logistic="LogisticRegression(maxIter=50, tol=0.0, regParam=0.0, "
         "standardization=False).fit(VectorAssembler output)",
     )

@@ -41,7 +41,7 @@ functions, cached and counted before anything is timed:
    (``bench_ml.check_centroids``), with the final costs.
 3. **Logistic regression**, 1,000,000 rows x 20 (``bench_ml.regression_inputs``):
    ``logistic_regression(df, features=[20 columns], max_rounds=50, tol=None,
-   learning_rate=1.0, progress=False)`` (gradient descent, 50 rounds) against
+   solver="gd", learning_rate=1.0, progress=False)`` (gradient descent, 50 rounds) against
    ``LogisticRegression(maxIter=50, tol=0.0, regParam=0.0,
    standardization=False).fit`` (L-BFGS; ``bench_ml.mllib_logistic``). The figure
    compared is seconds per iteration (total / iterations): target resident / MLlib
@@ -755,7 +755,7 @@ def main() -> None:
         mllib_kmeans="mllib.clustering.KMeans().setK(16).setMaxIterations(20).setEpsilon(0.0)"
         ".setInitialModel(KMeansModel(centroids)).run(...) via py4j",
         iterflow_logistic="logistic_regression(df, features=[x0..x19], max_rounds=50, "
-        "tol=None, learning_rate=1.0, progress=False)",
+        "tol=None, solver='gd', learning_rate=1.0, progress=False)",
         mllib_logistic="LogisticRegression(maxIter=50, tol=0.0, regParam=0.0, "
         "standardization=False).fit(VectorAssembler output)",
         noop="ctx.columnar(points).map(one_row, 'x ARRAY<DOUBLE>', model, combine=first_row, "

@@ -21,15 +21,19 @@ df = spark.createDataFrame(
     pa.table({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "label": label})
 ).cache()
 
-model = logistic_regression(
-    df, features=["a", "b", "c"], learning_rate=4.0, reg=0.001, max_rounds=200, tol=1e-6
-)
-losses = [p.metrics["loss"] for p in model.history]
+model = logistic_regression(df, features=["a", "b", "c"], reg=0.001)  # L-BFGS, as MLlib's
+objective = model.summary.objectiveHistory
 print(
-    f"{model.rounds} rounds ({model.termination.reason}); loss {losses[0]:.4f} -> {losses[-1]:.4f}"
+    f"{model.summary.totalIterations} iterations ({model.stop_reason}); "
+    f"objective {objective[0]:.4f} -> {objective[-1]:.4f}"
 )
-print("coefficients", np.round(model.coefficients, 3), "intercept", round(model.intercept, 3))
-scored = model.predict(df).selectExpr(
-    "avg(CAST((prediction > 0.5) = (label = 1.0) AS INT)) AS accuracy"
+print(
+    "coefficients",
+    np.round(model.coefficients.toArray(), 3),
+    "intercept",
+    round(model.intercept, 3),
+)
+scored = model.transform(df).selectExpr(
+    "avg(CAST(prediction = label AS INT)) AS accuracy"  # prediction: the 0/1 label
 )
 print(f"training accuracy {scored.first()['accuracy']:.3f}")

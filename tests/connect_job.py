@@ -341,7 +341,13 @@ def main() -> None:
     y = x @ np.array([1.5, -0.5]) + 0.25
     rows = spark.createDataFrame(pa.table({"x0": x[:, 0], "x1": x[:, 1], "label": y}))
     fit = linear_regression(
-        rows, features=["x0", "x1"], learning_rate=0.9, tol=1e-10, max_rounds=300, progress=False
+        rows,
+        features=["x0", "x1"],
+        solver="gd",
+        learning_rate=0.9,
+        tol=1e-10,
+        max_rounds=300,
+        progress=False,
     )
     print(
         json.dumps(

@@ -40,7 +40,13 @@ def main() -> None:
         pa.table({"x0": d["x"][:, 0], "x1": d["x"][:, 1], "label": d["y"]})
     ).repartition(4)
     fit = linear_regression(
-        rows, features=["x0", "x1"], learning_rate=0.9, max_rounds=100, tol=1e-9, progress=False
+        rows,
+        features=["x0", "x1"],
+        solver="gd",
+        learning_rate=0.9,
+        max_rounds=100,
+        tol=1e-9,
+        progress=False,
     )
     graph = Graph(
         spark.range(50),

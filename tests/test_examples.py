@@ -92,14 +92,12 @@ def test_logistic_regression_example_recovers_the_coefficients(
     model, df = scope["model"], scope["df"]
     # 4000 noisy labels: the fit lands near the true coefficients; the signs and
     # rough sizes of the true coefficients (1.5, -2.0, 0.5; intercept -0.5) are enough here.
-    assert np.allclose(model.coefficients, [1.5, -2.0, 0.5], atol=0.3)
+    assert np.allclose(model.coefficients.toArray(), [1.5, -2.0, 0.5], atol=0.3)
     assert abs(model.intercept + 0.5) < 0.3
-    losses = [p.metrics["loss"] for p in model.history]
-    assert losses[-1] < losses[0]
+    objective = model.summary.objectiveHistory
+    assert objective[-1] < objective[0]
     accuracy = (
-        model.predict(df)
-        .selectExpr("avg(CAST((prediction > 0.5) = (label = 1.0) AS INT)) AS a")
-        .first()["a"]
+        model.transform(df).selectExpr("avg(CAST(prediction = label AS INT)) AS a").first()["a"]
     )
     assert accuracy > 0.75
 

@@ -10,7 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from pyspark.ml import Pipeline, PipelineModel
+from pyspark.ml.classification import LogisticRegressionModel as MLlibLogisticRegressionModel
 from pyspark.ml.clustering import KMeans as MLlibKMeans
+from pyspark.ml.clustering import KMeansModel as MLlibKMeansModel
 from pyspark.ml.feature import StandardScaler, VectorAssembler
 from pyspark.ml.linalg import Vectors
 from pyspark.sql import functions as F
@@ -86,7 +88,12 @@ def test_kmeans_estimator_in_a_pipeline_saves_loads_and_matches_mllib(spark, blo
     loaded = PipelineModel.load(str(tmp_path / "pipeline"))
     again = loaded.transform(df).select("c0", "c1", "c2", "prediction")
     assert sorted(predicted.collect()) == sorted(again.collect())
-    restored = loaded.stages[-1]
+    # The stage is saved in MLlib's format: a PipelineModel loads it as MLlib's class, and
+    # iterflow's class reads the same directory.
+    assert isinstance(loaded.stages[-1], MLlibKMeansModel)
+    np.testing.assert_array_equal(loaded.stages[-1].clusterCenters(), model.centroids)
+    stage_path = str(next((tmp_path / "pipeline" / "stages").glob("1_*")))
+    restored = KMeansModel.load(stage_path)
     np.testing.assert_array_equal(restored.centroids, model.centroids)
     assert restored.getK() == 3 and not restored.hasSummary
     with pytest.raises(MLError, match="loaded"):
@@ -304,8 +311,14 @@ def test_logistic_pipeline_matches_mllib_and_survives_save_and_load(spark, class
 
     fitted.write().save(str(tmp_path / "lr"))
     loaded = PipelineModel.load(str(tmp_path / "lr"))
-    assert loaded.transform(df).select(*columns).orderBy("c0").collect() == predicted
-    restored = loaded.stages[-1]
+    # Saved in MLlib's format, the stage loads as MLlib's model, which predicts the same.
+    assert isinstance(loaded.stages[-1], MLlibLogisticRegressionModel)
+    again = loaded.transform(df).select(*columns).orderBy("c0").collect()
+    assert [r["prediction"] for r in again] == [r["prediction"] for r in predicted]
+    for a, b in zip(again, predicted, strict=True):
+        np.testing.assert_allclose(a["probability"], b["probability"], rtol=1e-12, atol=1e-15)
+    last_stage = sorted((tmp_path / "lr" / "stages").iterdir())[-1]
+    restored = LogisticRegressionModel.load(str(last_stage))
     assert restored.getRegParam() == 0.01 and restored.coefficients == model.coefficients
     point = fitted.transform(df).select("features", "probability", "prediction").first()
     np.testing.assert_allclose(
@@ -392,7 +405,7 @@ def test_gradient_descent_estimator_is_the_short_form(spark, classes):
     estimator = LogisticRegression(solver="gd", learningRate=2.0, maxIter=40, regParam=0.01)
     model = estimator.setIterationOptions(progress=False).fit(df)
     short = logistic_regression(
-        df, features="features", learning_rate=2.0, max_rounds=40, reg=0.01, progress=False
+        df, solver="gd", learning_rate=2.0, max_rounds=40, reg=0.01, progress=False
     )
     np.testing.assert_allclose(model.coefficients.toArray(), short.coefficients, atol=1e-12)
     assert model.summary.objectiveHistory == pytest.approx(list(short.objective_history))

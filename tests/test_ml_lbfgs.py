@@ -124,10 +124,8 @@ def test_max_rounds_counts_iterations_as_mllib_max_iter(frames):
     model = logistic_regression(
         df, features=NAMES, reg=0.01, solver="lbfgs", max_rounds=3, tol=1e-6, progress=False
     )
-    # MLlib standardizes by default; iterflow does not.
-    reference = LogisticRegression(maxIter=3, tol=1e-6, regParam=0.01, standardization=False).fit(
-        assembled
-    )
+    # Both standardize by default.
+    reference = LogisticRegression(maxIter=3, tol=1e-6, regParam=0.01).fit(assembled)
     assert model.total_iterations == reference.summary.totalIterations == 3
     assert model.stop_reason == optimizer.MAX_ITERATIONS
     np.testing.assert_allclose(fitted(model), mllib(reference), atol=1e-6, rtol=0)
@@ -252,7 +250,7 @@ def test_lbfgs_reaches_scipys_optimum_of_the_same_objective(
     np.testing.assert_allclose(fitted(model), expected, atol=1e-4, rtol=0)
     assert objective(fitted(model)) <= objective(expected) + 1e-9
     if elastic_net > 0:
-        assert (model.coefficients == 0).any() == (np.abs(expected[:-1]) < 1e-6).any()
+        assert (model.coefficients.toArray() == 0).any() == (np.abs(expected[:-1]) < 1e-6).any()
 
 
 # -- resume, options, the optimizer alone ---------------------------------------------------
@@ -291,7 +289,7 @@ def test_solver_options_are_checked(frames):
     with pytest.raises(MLError, match="solver='newton'"):
         logistic_regression(df, features=NAMES, solver="newton")
     with pytest.raises(MLError, match=r"elastic_net=0\.5 needs solver='lbfgs'"):
-        logistic_regression(df, features=NAMES, elastic_net=0.5)
+        logistic_regression(df, features=NAMES, solver="gd", elastic_net=0.5)
     with pytest.raises(MLError, match=r"elastic_net=1\.5 must be in \[0, 1\]"):
         logistic_regression(df, features=NAMES, solver="lbfgs", elastic_net=1.5)
     with pytest.raises(MLError, match=r"batch_fraction=0\.5 is for solver='gd'"):
@@ -299,7 +297,7 @@ def test_solver_options_are_checked(frames):
     with pytest.raises(MLError, match="memory=0"):
         linear_regression(df, features=NAMES, label="y", solver="lbfgs", memory=0)
     with pytest.raises(MLError, match="standardization=True needs solver='lbfgs'"):
-        linear_regression(df, features=NAMES, label="y", standardization=True)
+        linear_regression(df, features=NAMES, label="y", solver="gd", standardization=True)
 
 
 def test_gradient_descent_without_intercept_fits_through_the_origin(frames, data):
@@ -309,6 +307,7 @@ def test_gradient_descent_without_intercept_fits_through_the_origin(frames, data
         features=NAMES,
         label="y",
         fit_intercept=False,
+        solver="gd",
         learning_rate=0.1,
         max_rounds=400,
         tol=1e-10,

@@ -49,6 +49,7 @@ def test_linear_regression_converges_to_least_squares(spark, linear_data):
     model = linear_regression(
         frame(spark, x, y),
         features=["x0", "x1", "x2"],
+        solver="gd",
         learning_rate=0.9,
         max_rounds=100,
         tol=1e-9,
@@ -75,6 +76,7 @@ def test_row_weights_equal_repeated_rows(spark, linear_data):
         frame(spark, x, y, w),
         features=["x0", "x1", "x2"],
         weight="w",
+        solver="gd",
         learning_rate=0.9,
         max_rounds=100,
         tol=1e-9,
@@ -98,6 +100,7 @@ def test_logistic_regression_converges_to_the_newton_optimum(spark, class_weight
         frame(spark, x, y),
         features=["x0", "x1"],
         class_weight=class_weight,
+        solver="gd",
         learning_rate=5.0,
         reg=reg,
         max_rounds=200,
@@ -116,6 +119,7 @@ def test_mini_batches_are_deterministic_for_a_seed(spark, linear_data):
     df = frame(spark, x, y)
     fit = {
         "features": ["x0", "x1", "x2"],
+        "solver": "gd",
         "learning_rate": 0.5,
         "batch_fraction": 0.3,
         "max_rounds": 40,
@@ -138,6 +142,7 @@ def test_loss_tol_stops_like_flink_and_divergence_names_the_round(spark, linear_
     model = linear_regression(
         df,
         features=["x0", "x1", "x2"],
+        solver="gd",
         learning_rate=0.5,
         tol=None,
         loss_tol=0.5,
@@ -148,7 +153,12 @@ def test_loss_tol_stops_like_flink_and_divergence_names_the_round(spark, linear_
     assert model.history[-1].metrics["loss"] <= 0.5 < model.history[-2].metrics["loss"]
     with pytest.raises(itf.DivergenceError, match="epoch"):
         linear_regression(
-            df, features=["x0", "x1", "x2"], learning_rate=1e6, max_rounds=200, progress=False
+            df,
+            features=["x0", "x1", "x2"],
+            solver="gd",
+            learning_rate=1e6,
+            max_rounds=200,
+            progress=False,
         )
     with pytest.raises(MLError, match=r"no column\(s\) \['nope'\]"):
         linear_regression(df, features=["nope"])

@@ -218,7 +218,7 @@ def test_kmeans_and_logistic_regression_resident_equal_the_job_path(spark):
     def fit():
         centroids = kmeans(df, 3, features=["a", "b", "c"], max_rounds=10, seed=2).centroids
         model = logistic_regression(
-            df, features=["a", "b", "c"], max_rounds=30, batch_fraction=0.5, seed=4
+            df, features=["a", "b", "c"], solver="gd", max_rounds=30, batch_fraction=0.5, seed=4
         )
         return centroids, model.coefficients, model.intercept
 

@@ -122,7 +122,7 @@ def test_a_fitted_model_and_a_metric_from_iterflow_ml(spark: SparkSession) -> No
         [(x / 5, 2.0 * x / 5 + 1.0) for x in range(-5, 6)], "x double, label double"
     )
     model = linear_regression(
-        df, features=["x"], learning_rate=1.0, tol=1e-8, max_rounds=300, progress=False
+        df, features=["x"], solver="gd", learning_rate=1.0, tol=1e-8, max_rounds=300, progress=False
     )
     assert_converges(model)
     assert_monotone(model, "loss")

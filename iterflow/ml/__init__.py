@@ -13,8 +13,13 @@ from iterflow.ml.estimators import (
     LogisticRegressionModel,
 )
 from iterflow.ml.kmeans import KMeansModel, kmeans
-from iterflow.ml.regression import RegressionModel, linear_regression, logistic_regression
+from iterflow.ml.regression import linear_regression, logistic_regression
+from iterflow.ml.regression_models import FittedRegression
 from iterflow.ml.training import MLError
+
+#: What the short forms returned before they returned the Estimators' models: the base of
+#: ``LinearRegressionModel`` and ``LogisticRegressionModel``.
+RegressionModel = FittedRegression
 
 # KMeans lived in iterflow.ml.kmeans before it joined the other Estimators. pyspark.ml loads
 # a saved stage by the class path in its metadata, so a KMeans saved then (alone, in a

@@ -21,13 +21,16 @@ that the ``KMeans`` Estimator (``iterflow.ml.estimators``) fits too.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import attrs
 import numpy as np
 import pyarrow as pa
 import scipy.sparse
 from pyspark.ml import Model
+from pyspark.ml.linalg import DenseVector, VectorUDT
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (
     HasFeaturesCol,
@@ -37,7 +40,7 @@ from pyspark.ml.param.shared import (
     HasTol,
     HasWeightCol,
 )
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StructField, StructType
 
@@ -51,12 +54,8 @@ from iterflow.ml.features import (
     used_rows,
     weights,
 )
-from iterflow.ml.params import (
-    SavedModel,
-    TrainingSummary,
-    choice,
-    param,
-)
+from iterflow.ml.params import MLParams, TrainingSummary, choice, param
+from iterflow.ml.persistence import SavedModel
 from iterflow.ml.training import Fitted, MLError, ModelStep, model_field, worker_errors
 
 MODEL_SCHEMA = "centroids ARRAY<DOUBLE>, cost DOUBLE, shift DOUBLE"
@@ -237,6 +236,8 @@ def initial_centroids(df: DataFrame, spec: Features, k: int, init: Any, seed: in
     """The ``(k, dims)`` centroids of round 0: ``init`` itself when it is an array, else
     drawn from the rows with ``seed`` (``"random"``: k rows; ``"k-means++"``: k-means++
     seeding on a sample of up to ``SEEDING_SAMPLE`` rows)."""
+    if hasattr(init, "clusterCenters"):  # a fitted KMeansModel, iterflow's or MLlib's
+        init = np.array([np.asarray(c, dtype=np.float64) for c in init.clusterCenters()])
     if not isinstance(init, str):
         start = np.asarray(init, dtype=np.float64)
         if start.shape != (k, spec.dims):
@@ -304,7 +305,9 @@ def model_centroids(model: DataFrame, dims: int) -> np.ndarray:
 INIT_MODES = ("k-means||", "k-means++", "random")
 
 
-class KMeansParams(HasFeaturesCol, HasPredictionCol, HasMaxIter, HasTol, HasSeed, HasWeightCol):
+class KMeansParams(
+    MLParams, HasFeaturesCol, HasPredictionCol, HasMaxIter, HasTol, HasSeed, HasWeightCol
+):
     """The Params of ``KMeans`` and ``KMeansModel``, as MLlib names them."""
 
     k: Param[int] = param(
@@ -328,20 +331,66 @@ class KMeansParams(HasFeaturesCol, HasPredictionCol, HasMaxIter, HasTol, HasSeed
         return str(self.getOrDefault(self.initMode))
 
 
+@attrs.frozen
+class KMeansSummary(TrainingSummary):
+    """MLlib's ``KMeansSummary``: ``trainingCost`` (the cost of the last round's
+    assignment), ``clusterSizes`` (the points nearest each final centroid, counted on the
+    training rows by one Spark job when first read), ``k`` and ``numIter``; with
+    ``objectiveHistory`` (every round's cost) and iterflow's run."""
+
+    model: KMeansModel = attrs.field(repr=False)
+    training: DataFrame | None = attrs.field(repr=False)
+
+    @property
+    def trainingCost(self) -> float:
+        return float(self.objectiveHistory[-1]) if self.objectiveHistory else float("nan")
+
+    @property
+    def k(self) -> int:
+        return len(self.model.centroids)
+
+    @property
+    def numIter(self) -> int:
+        return self.totalIterations
+
+    @functools.cached_property
+    def clusterSizes(self) -> list[int]:
+        column = "__iterflow_cluster"
+        counted = self.model.predict(self._training(), column).groupBy(column).count().collect()
+        sizes = [0] * self.k
+        for row in counted:
+            sizes[row[0]] = int(row[1])
+        return sizes
+
+    @property
+    def predictions(self) -> DataFrame:
+        """The training rows with ``predictionCol``, as MLlib's summary."""
+        return self.model.transform(self._training())
+
+    def _training(self) -> DataFrame:
+        if self.training is None:
+            raise MLError("this summary has no training rows (the model was made, not fitted)")
+        return self.training
+
+
 class KMeansModel(Model, KMeansParams, SavedModel, Fitted):
     """A fitted k-means model: ``centroids`` (k, d) and, when it was fitted here (not
     loaded), the run that made it (``rounds``, ``termination``, ``history``, ``summary``).
 
     Both the short form's result (``kmeans(df, k)``) and ``KMeans().fit(df)``'s: a
     ``pyspark.ml`` Model, so ``transform`` adds ``predictionCol`` (the index of the
-    nearest centroid, INT) and it can be saved, loaded and put in a ``PipelineModel``.
+    nearest centroid, INT). Saved, it loads with MLlib's
+    ``pyspark.ml.clustering.KMeansModel``, and ``KMeansModel.load`` reads MLlib's.
     """
+
+    mllib_class = "pyspark.ml.clustering.KMeansModel"
 
     def __init__(
         self,
         centroids: Any = None,
         features: Sequence[str] | str | None = None,
         result: itf.IterationResult | None = None,
+        training: DataFrame | None = None,
     ) -> None:
         super().__init__()
         self.centroids = np.zeros((0, 0)) if centroids is None else np.asarray(centroids, float)
@@ -349,6 +398,7 @@ class KMeansModel(Model, KMeansParams, SavedModel, Fitted):
         if isinstance(features, str):
             self._set(featuresCol=features)
         self.result = result
+        self._training = training
 
     @property
     def features(self) -> Sequence[str] | str:
@@ -360,11 +410,12 @@ class KMeansModel(Model, KMeansParams, SavedModel, Fitted):
         return [row.copy() for row in self.centroids]
 
     @property
-    def summary(self) -> TrainingSummary:
-        """``objectiveHistory`` (the cost of every round), ``totalIterations``, and the run."""
+    def summary(self) -> KMeansSummary:
+        """``objectiveHistory`` (the cost of every round), ``trainingCost``,
+        ``clusterSizes``, ``totalIterations``, and the run."""
         result = self.fitted_result
         costs = [float(p.metrics["loss"]) for p in result.history if "loss" in p.metrics]
-        return TrainingSummary(costs, int(result.rounds), result)
+        return KMeansSummary(costs, int(result.rounds), result, self, self._training)
 
     def predict(self, data: Any, output: str | None = None) -> Any:
         """``data`` a DataFrame: it with ``output`` (``predictionCol`` by default), the index
@@ -394,8 +445,24 @@ class KMeansModel(Model, KMeansParams, SavedModel, Fitted):
 
         return df.mapInArrow(assign, schema)
 
-    def _learned(self) -> dict[str, Any]:
-        return {"centroids": self.centroids.tolist(), "columns": self._columns}
+    def _mllib_value(self, name: str, value: Any) -> Any:
+        return None if (name, value) == ("initMode", "k-means++") else value
+
+    def _mllib_data(self) -> tuple[StructType, list[tuple[Any, ...]]]:
+        schema = StructType(
+            [StructField("clusterIdx", IntegerType()), StructField("clusterCenter", VectorUDT())]
+        )
+        return schema, [(i, DenseVector(c)) for i, c in enumerate(self.centroids.tolist())]
+
+    def _restore_mllib(self, rows: list[Row]) -> None:
+        ordered = sorted(rows, key=lambda row: row["clusterIdx"])
+        self.centroids = np.array([row["clusterCenter"].toArray() for row in ordered])
+
+    def _extra(self) -> dict[str, Any]:
+        return {"columns": self._columns}
+
+    def _restore_extra(self, extra: Mapping[str, Any]) -> None:
+        self._columns = extra.get("columns")
 
     def _restore(self, learned: Mapping[str, Any]) -> None:
         self.centroids = np.asarray(learned["centroids"], dtype=np.float64)
@@ -420,8 +487,9 @@ def kmeans(
     ``features`` is a Vector column (dense or sparse), an array column or a list of
     numeric columns; ``weight`` a column of non-negative row weights. ``init`` is
     ``"k-means++"`` (k-means++ seeding on a seeded sample of up to
-    ``SEEDING_SAMPLE`` points), ``"random"`` (k points drawn with ``seed``) or
-    the initial centroids (a ``(k, d)`` array-like); the first two are
+    ``SEEDING_SAMPLE`` points), ``"random"`` (k points drawn with ``seed``),
+    the initial centroids (a ``(k, d)`` array-like) or a fitted ``KMeansModel``
+    (iterflow's or MLlib's: warm start); the first two are
     deterministic for a given input and seed. Stops after
     ``max_rounds`` rounds or when no centroid moves more than ``tol``
     (``tol=None``: always ``max_rounds``). ``listen`` and ``run_options`` go to
@@ -457,4 +525,7 @@ def kmeans(
         iteration = iteration.listen(listen)
     with worker_errors():
         result = iteration.run(**run_options)
-    return KMeansModel(model_centroids(result.outputs["model"], spec.dims), features, result)
+    centroids = model_centroids(result.outputs["model"], spec.dims)
+    return KMeansModel(centroids, features, result, df)._set_checked(
+        {"k": k, "maxIter": max_rounds, "seed": seed, **({"tol": tol} if tol is not None else {})}
+    )

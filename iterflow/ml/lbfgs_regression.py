@@ -138,6 +138,18 @@ class Objective:
             return np.zeros(self.features)
         return np.append(np.zeros(self.features), math.log(positives / (weight - positives)))
 
+    def point(self, raw: np.ndarray) -> np.ndarray:
+        """The optimizer's point of the raw coefficients ``raw`` (intercept last): the
+        inverse of ``raw``, to warm-start from a model as MLlib's ``initialModel``."""
+        d = self.features
+        beta, intercept = raw[:d], float(raw[d])
+        if self.kind == "linear":
+            scale = self.label_std if self.label_std > 0 else 1.0
+            return beta * self.std / scale
+        if not self.fit_intercept:
+            return beta * self.std
+        return np.append(beta * self.std, intercept + float(beta @ self.mean))
+
     def raw(self, w: np.ndarray) -> np.ndarray:
         """The raw coefficients (intercept last) at the optimizer's point ``w``."""
         d, inverse = self.features, _inverse(self.std)
@@ -266,6 +278,8 @@ def _first_state(
         return lbfgs.stopped(np.append(np.zeros(d), infinite), CONSTANT_LABEL)
     if options.kind == "linear" and label_std == 0 and (options.fit_intercept or label_mean == 0):
         return lbfgs.stopped(np.append(np.zeros(d), label_mean), CONSTANT_LABEL)
+    if options.initial is not None:
+        return lbfgs.begin(objective.point(options.initial))
     return lbfgs.begin(objective.starting_point(positives, weight))
 
 

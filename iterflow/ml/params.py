@@ -11,24 +11,88 @@ works); a loaded model has no training summary, as in MLlib.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Generic, TypeVar
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import attrs
 from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.util import (
-    DefaultParamsReader,
-    DefaultParamsWriter,
-    MLReadable,
-    MLReader,
-    MLWritable,
-    MLWriter,
-)
 
 import iterflow as itf
 from iterflow.ml.training import MLError
 
-M = TypeVar("M", bound="SavedModel")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class MLParams(Params):
+    """The Params base of every iterflow.ml Estimator and Model: a ``setX``/``getX`` pair
+    for each Param (made when the class is defined, for the Params it declares or
+    inherits and that have none yet, as MLlib writes one by hand per Param), and one error
+    for a Param that does not exist or a value it refuses: an ``MLError`` naming it."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in dir(cls):
+            if isinstance(getattr(cls, name, None), Param):
+                suffix = name[0].upper() + name[1:]
+                if not hasattr(cls, f"get{suffix}"):
+                    setattr(cls, f"get{suffix}", _getter(name))
+                if not hasattr(cls, f"set{suffix}"):
+                    setattr(cls, f"set{suffix}", _setter(name))
+
+    def _set_checked(self, values: Mapping[str, Any]) -> Any:
+        """``_set`` with an ``MLError`` for an unknown Param or a value it refuses."""
+        unknown = sorted(name for name in values if not self.hasParam(name))
+        if unknown:
+            raise MLError(f"{type(self).__name__} has no Param(s) {unknown}")
+        try:
+            return self._set(**values)
+        except TypeError as error:
+            raise MLError(f"{type(self).__name__}: {error}") from error
+
+    def setParams(self, **kwargs: Any) -> Any:
+        """Sets the Params given by name; returns this object."""
+        return self._set_checked(kwargs)
+
+
+def _getter(name: str) -> Callable[[Params], Any]:
+    def get(self: Params) -> Any:
+        return self.getOrDefault(getattr(self, name))
+
+    get.__name__ = f"get{name[0].upper()}{name[1:]}"
+    get.__doc__ = f"The value of Param ``{name}`` (set, or its default)."
+    return get
+
+
+def _setter(name: str) -> Callable[[MLParams, Any], Any]:
+    def set_value(self: MLParams, value: Any) -> Any:
+        return self._set_checked({name: value})
+
+    set_value.__name__ = f"set{name[0].upper()}{name[1:]}"
+    set_value.__doc__ = f"Sets Param ``{name}``; returns this object."
+    return set_value
+
+
+def keyword_params(init: F) -> F:
+    """A constructor that takes its Params by keyword only, as pyspark.ml's
+    ``keyword_only``, and sets those given: a positional argument or a name that is not in
+    its signature is an ``MLError`` naming it (not Python's ``TypeError``), the same error
+    as ``setParams`` and the setters give."""
+    names = set(list(inspect.signature(init).parameters)[1:])
+
+    @functools.wraps(init)
+    def wrapper(self: MLParams, *args: Any, **kwargs: Any) -> None:
+        cls = type(self).__name__
+        if args:
+            raise MLError(f"{cls}() takes its Params by name, e.g. {cls}(maxIter=10)")
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise MLError(f"{cls} has no Param(s) {unknown}")
+        init(self, **kwargs)
+        self._set_checked(kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 class IterationOptions:
@@ -98,53 +162,24 @@ class TrainingSummary:
         return list(self.result.history)
 
 
-class SavedModel(Params, MLWritable, MLReadable[Any]):
-    """A fitted model's learned values, saved with its Params: ``_learned`` returns them
-    as JSON-able values and ``_restore`` takes them back."""
+class HasInitialModel(Params):
+    """``initialModel``: a fitted model to start from (warm start): iterflow's or MLlib's
+    model of the same type, or the path where one is saved. MLlib has this Param in Scala
+    only; every iterflow Estimator has it."""
 
-    def _learned(self) -> dict[str, Any]:
-        raise NotImplementedError
+    initialModel: Param[Any] = param(
+        Params._dummy(),
+        "initialModel",
+        "a fitted model of the same type (iterflow's or MLlib's), or the path of a saved "
+        "one, to start from",
+        TypeConverters.identity,
+    )
 
-    def _restore(self, learned: Mapping[str, Any]) -> None:
-        raise NotImplementedError
-
-    def write(self) -> MLWriter:
-        return ModelWriter(self)
-
-    @classmethod
-    def read(cls) -> ModelReader[Any]:
-        return ModelReader(cls)
-
-
-class ModelWriter(MLWriter):
-    """Writes a ``SavedModel``: its Params and learned values in one metadata file."""
-
-    def __init__(self, instance: SavedModel) -> None:
-        super().__init__()
-        self.instance = instance
-
-    def saveImpl(self, path: str) -> None:
-        DefaultParamsWriter.saveMetadata(
-            self.instance,
-            path,
-            self.sparkSession,
-            extraMetadata={"learned": self.instance._learned()},
-        )
-
-
-class ModelReader(MLReader[M], Generic[M]):
-    """Reads what ``ModelWriter`` wrote into a new ``cls``."""
-
-    def __init__(self, cls: type[M]) -> None:
-        super().__init__()
-        self.cls = cls
-
-    def load(self, path: str) -> M:
-        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
-        if "learned" not in metadata:
-            raise MLError(f"{path} holds no iterflow model (its class is {metadata['class']})")
-        instance = self.cls()
-        instance._resetUid(metadata["uid"])
-        DefaultParamsReader.getAndSetParams(instance, metadata)
-        instance._restore(metadata["learned"])
-        return instance
+    def initial_model(self, model_class: Any) -> Any:
+        """``initialModel``: None when unset; a path loads with ``model_class``."""
+        if not self.isDefined(self.initialModel):
+            return None
+        value = self.getOrDefault(self.initialModel)
+        if isinstance(value, str):
+            return model_class.load(value)
+        return value

@@ -46,12 +46,24 @@ from iterflow.ml.features import (
     PARTITION,
     Features,
     features_of,
-    linear_score,
     prepared_matrix,
     used_rows,
 )
-from iterflow.ml.regression_problem import FitOptions, binary_labels, design, loss_sums, no_rows
-from iterflow.ml.training import Fitted, MLError, ModelStep, model_field, model_row, worker_errors
+from iterflow.ml.regression_models import (
+    LinearRegressionModel,
+    LogisticRegressionModel,
+    RegressionFit,
+    short_form_params,
+)
+from iterflow.ml.regression_problem import (
+    FitOptions,
+    binary_labels,
+    design,
+    initial_coefficients,
+    loss_sums,
+    no_rows,
+)
+from iterflow.ml.training import MLError, ModelStep, model_field, model_row, worker_errors
 
 MODEL_SCHEMA = "coefficients ARRAY<DOUBLE>, loss DOUBLE, change DOUBLE"
 
@@ -154,40 +166,7 @@ def regression_body(
     return gradient_descent
 
 
-@attrs.frozen
-class RegressionModel(Fitted):
-    """A fitted model: ``coefficients`` (d,), ``intercept``, and the run that made it.
-
-    Like MLlib's training summary, ``objective_history`` holds the objective at every
-    iterate, the first included (gradient descent: every round's ``loss``; L-BFGS: the
-    optimizer's objective, in its standardized space for a linear model, as MLlib's),
-    ``total_iterations`` counts the iterations (MLlib's ``totalIterations``), and
-    ``stop_reason`` says why L-BFGS stopped (MLlib's reasons; None for gradient descent).
-    """
-
-    kind: str
-    coefficients: np.ndarray
-    intercept: float
-    features: Sequence[str] | str
-    result: itf.IterationResult = attrs.field(repr=False)
-    objective_history: np.ndarray = attrs.field(factory=lambda: np.zeros(0), repr=False)
-    total_iterations: int = 0
-    solver: str = "gd"
-    stop_reason: str | None = None
-
-    def predict(self, df: DataFrame, output: str = "prediction") -> DataFrame:
-        """``df`` with ``output``: the fitted value (linear) or the probability of label 1
-        (logistic)."""
-        score = linear_score(
-            df, self.features, self.coefficients.tolist(), self.intercept, "predict()"
-        )
-        value = score if self.kind == "linear" else 1.0 / (1.0 + F.exp(-score))
-        return df.withColumn(output, value)
-
-    transform = predict
-
-
-def _fit(df: DataFrame, options: FitOptions) -> RegressionModel:
+def _fit(df: DataFrame, options: FitOptions) -> RegressionFit:
     wanted = [options.label, *([options.weight] if options.weight else [])]
     missing = [c for c in wanted if c not in df.columns]
     if missing:
@@ -199,12 +178,14 @@ def _fit(df: DataFrame, options: FitOptions) -> RegressionModel:
     if options.kind == "logistic":
         prepare = binary_labels(prepare, options.label)
     features = options.features if isinstance(options.features, str) else list(options.features)
+    initial = initial_coefficients(options.initial, spec.dims, who)
+    options = attrs.evolve(options, initial=initial)
     if options.solver == "lbfgs":
         return _fit_lbfgs(df, options, spec, features, prepare)
     start = df.sparkSession.createDataFrame(
         pa.table(
             [
-                itf.vector_cell(np.zeros(spec.dims + 1)),
+                itf.vector_cell(np.zeros(spec.dims + 1) if initial is None else initial),
                 pa.array([float("nan")]),
                 pa.array([float("inf")]),
             ],
@@ -224,7 +205,7 @@ def _fit(df: DataFrame, options: FitOptions) -> RegressionModel:
         result = iteration.run(**options.run_options)
     final = coefficients_of(result.outputs["model"])
     losses = np.array([float(p.metrics["loss"]) for p in result.history])
-    return RegressionModel(
+    return RegressionFit(
         options.kind, final[:-1], float(final[-1]), features, result, losses, result.rounds
     )
 
@@ -235,7 +216,7 @@ def _fit_lbfgs(
     spec: Features,
     features: Sequence[str] | str,
     prepare: Callable[[pa.Table], pa.Table],
-) -> RegressionModel:
+) -> RegressionFit:
     start = lbfgs_regression.start_model(df.sparkSession, spec.dims)
     iteration = (
         itf.BoundedIteration(lbfgs_regression.lbfgs_body(options, prepare, spec.dims))
@@ -257,7 +238,7 @@ def _fit_lbfgs(
             itf.IterflowWarning,
             stacklevel=3,
         )
-    return RegressionModel(
+    return RegressionFit(
         options.kind,
         final[:-1],
         float(final[-1]),
@@ -265,7 +246,6 @@ def _fit_lbfgs(
         result,
         history,
         max(len(history) - 1, 0),
-        "lbfgs",
         str(row["status"]),
     )
 
@@ -273,34 +253,40 @@ def _fit_lbfgs(
 def linear_regression(
     df: DataFrame,
     *,
-    features: Sequence[str] | str,
+    features: Sequence[str] | str = "features",
     label: str = "label",
     weight: str | None = None,
-    learning_rate: float = 0.1,
+    solver: str = "lbfgs",
     reg: float = 0.0,
+    elastic_net: float = 0.0,
+    standardization: bool | None = None,
+    fit_intercept: bool = True,
     max_rounds: int = 100,
     tol: float | None = 1e-6,
+    initial: Any = None,
+    learning_rate: float = 0.1,
     loss_tol: float | None = None,
     batch_fraction: float = 1.0,
     seed: int = 0,
-    solver: str = "gd",
-    elastic_net: float = 0.0,
-    standardization: bool = False,
-    fit_intercept: bool = True,
     memory: int = 10,
     listen: Any = None,
     **run_options: Any,
-) -> RegressionModel:
-    """Least squares (ridge with ``reg``) by gradient descent; see the module docstring.
-    ``solver="lbfgs"`` fits Spark MLlib's ``LinearRegression(solver="l-bfgs")`` objective
-    (``reg``, ``elastic_net``, ``standardization``) with L-BFGS, or OWL-QN with an L1 part;
-    ``max_rounds`` then counts its iterations and ``tol`` is MLlib's
-    (``iterflow.ml.lbfgs_regression``).
+) -> LinearRegressionModel:
+    """Least squares (ridge, lasso, elastic net) with MLlib's defaults: Spark MLlib's
+    ``LinearRegression(solver="l-bfgs")`` objective (``reg``, ``elastic_net``,
+    ``standardization``) minimized by L-BFGS, or OWL-QN with an L1 part; ``max_rounds``
+    counts its iterations and ``tol`` is MLlib's (``iterflow.ml.lbfgs_regression``).
+    ``solver="gd"`` runs gradient descent (``learning_rate``, ``batch_fraction``,
+    ``loss_tol``; L2 only, on the features as they are; see the module docstring);
+    ``standardization`` is MLlib's, True unless ``solver="gd"``.
+    ``initial`` starts from a fitted model (iterflow's or MLlib's) or coefficients.
+
+    Returns the ``LinearRegressionModel`` that the ``LinearRegression`` Estimator fits.
 
     Example::
 
-        model = linear_regression(df, features=["x1", "x2"], label="y", learning_rate=0.5)
-        model.coefficients, model.intercept, model.termination.reason
+        model = linear_regression(df, features=["x1", "x2"], label="y", reg=0.01)
+        model.coefficients, model.intercept, model.summary.objectiveHistory
     """
     options = FitOptions(
         kind="linear",
@@ -321,44 +307,52 @@ def linear_regression(
         standardization=standardization,
         fit_intercept=fit_intercept,
         memory=memory,
+        initial=initial,
     )
-    return _fit(df, options)
+    model = LinearRegressionModel(_fit(df, options))
+    return model._set_checked(short_form_params(attrs.asdict(options, recurse=False)))
 
 
 def logistic_regression(
     df: DataFrame,
     *,
-    features: Sequence[str] | str,
+    features: Sequence[str] | str = "features",
     label: str = "label",
     weight: str | None = None,
     class_weight: Mapping[Any, float] | None = None,
-    learning_rate: float = 0.5,
+    solver: str = "lbfgs",
     reg: float = 0.0,
+    elastic_net: float = 0.0,
+    standardization: bool | None = None,
+    fit_intercept: bool = True,
     max_rounds: int = 100,
     tol: float | None = 1e-6,
+    threshold: float = 0.5,
+    initial: Any = None,
+    learning_rate: float = 0.5,
     loss_tol: float | None = None,
     batch_fraction: float = 1.0,
     seed: int = 0,
-    solver: str = "gd",
-    elastic_net: float = 0.0,
-    standardization: bool = False,
-    fit_intercept: bool = True,
     memory: int = 10,
     listen: Any = None,
     **run_options: Any,
-) -> RegressionModel:
-    """Binary logistic regression (labels 0 and 1) by gradient descent; ``class_weight``
-    maps a label to a factor on its rows' weights. See the module docstring.
-    ``solver="lbfgs"`` fits Spark MLlib's ``LogisticRegression`` objective (``reg``,
-    ``elastic_net``, ``standardization``) as MLlib does, with L-BFGS or OWL-QN; ``max_rounds``
-    then counts its iterations and ``tol`` is MLlib's (``iterflow.ml.lbfgs_regression``).
+) -> LogisticRegressionModel:
+    """Binary logistic regression (labels 0 and 1) with MLlib's defaults: Spark MLlib's
+    ``LogisticRegression`` objective (``reg``, ``elastic_net``, ``standardization``)
+    minimized as MLlib does, by L-BFGS or OWL-QN; ``max_rounds`` counts its iterations and
+    ``tol`` is MLlib's. ``class_weight`` maps a label to a factor on its rows' weights.
+    ``solver="gd"`` runs gradient descent (see the module docstring). ``initial`` starts
+    from a fitted model (iterflow's or MLlib's) or coefficients.
+
+    Returns the ``LogisticRegressionModel`` that the ``LogisticRegression`` Estimator
+    fits: ``transform`` adds MLlib's columns, ``prediction`` the label (0.0 or 1.0, by
+    ``threshold``) and ``probability`` the Vector ``[1 - p, p]``.
 
     Example::
 
         model = logistic_regression(df, features=["x1", "x2"], label="clicked", reg=0.01)
-        model.predict(df).select("prediction")   # probability of label 1
-        fit = logistic_regression(df, features=["x1", "x2"], label="clicked", solver="lbfgs")
-        fit.objective_history, fit.total_iterations, fit.stop_reason
+        model.transform(df).select("probability", "prediction")
+        model.summary.objectiveHistory, model.summary.totalIterations, model.stop_reason
     """
     options = FitOptions(
         kind="logistic",
@@ -380,5 +374,8 @@ def logistic_regression(
         standardization=standardization,
         fit_intercept=fit_intercept,
         memory=memory,
+        initial=initial,
     )
-    return _fit(df, options)
+    model = LogisticRegressionModel(_fit(df, options))
+    values = short_form_params(attrs.asdict(options, recurse=False))
+    return model._set_checked({**values, "threshold": threshold})

@@ -148,21 +148,27 @@ class FitOptions:
     seed: int
     listen: Any
     run_options: Mapping[str, Any]
-    solver: str = attrs.field(default="gd", validator=_solver)
+    solver: str = attrs.field(default="lbfgs", validator=_solver)
     elastic_net: float = attrs.field(default=0.0, validator=_unit)
-    standardization: bool = False
+    #: L-BFGS's (MLlib's; None: True for L-BFGS): gradient descent works on the features
+    #: as they are, and refuses True.
+    standardization: bool | None = None
     fit_intercept: bool = True
     memory: int = attrs.field(default=10, validator=_memory)
+    #: The coefficients to start from (intercept last), or None: the solver's own start.
+    initial: np.ndarray | None = None
 
     def __attrs_post_init__(self) -> None:
+        if self.standardization is None:
+            object.__setattr__(self, "standardization", self.solver != "gd")
         if self.solver == "gd":
+            if self.standardization:
+                raise MLError("standardization=True needs solver='lbfgs'")
             if self.elastic_net > 0:
                 raise MLError(
                     f"elastic_net={self.elastic_net} needs solver='lbfgs' (OWL-QN); "
                     "gradient descent takes an L2 penalty only"
                 )
-            if self.standardization:
-                raise MLError("standardization=True needs solver='lbfgs'")
         elif self.batch_fraction < 1.0:
             raise MLError(
                 f"batch_fraction={self.batch_fraction} is for solver='gd'; L-BFGS evaluates "
@@ -170,3 +176,24 @@ class FitOptions:
             )
         elif self.loss_tol is not None:
             raise MLError("loss_tol is for solver='gd'; L-BFGS stops by tol, as Spark MLlib")
+
+
+def initial_coefficients(initial: Any, dims: int, who: str) -> np.ndarray | None:
+    """The coefficients (intercept last) to start from: ``initial`` a fitted model
+    (iterflow's or MLlib's: ``coefficients`` and ``intercept``), or ``dims`` coefficients,
+    or ``dims + 1`` with the intercept last; None stays None."""
+    if initial is None:
+        return None
+    if hasattr(initial, "coefficients") and hasattr(initial, "intercept"):
+        values = np.asarray(initial.coefficients.toArray(), dtype=np.float64)
+        start = np.append(values, float(initial.intercept))
+    else:
+        start = np.asarray(initial, dtype=np.float64).ravel()
+        if len(start) == dims:
+            start = np.append(start, 0.0)
+    if start.shape != (dims + 1,) or not np.isfinite(start).all():
+        raise MLError(
+            f"{who}: the initial model has {len(start) - 1} finite coefficients or is not "
+            f"finite, but the features have {dims}"
+        )
+    return start

@@ -250,6 +250,7 @@ def _regression_run(kind: str, learning_rate: float, tol: float, max_rounds: int
         model = fit(
             _regression_frame(spark, kind),
             features=NAMES,
+            solver="gd",
             learning_rate=learning_rate,
             tol=tol,
             max_rounds=max_rounds,
