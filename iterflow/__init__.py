@@ -32,6 +32,7 @@ from iterflow.progress import IterationEnd, RoundEnd, RoundListener, RoundProgre
 from iterflow.reports import Rollback, Termination
 from iterflow.runtime.datacache.combine import CombineFn, combine
 from iterflow.runtime.datacache.driver_variables import to_arrow, vector, vector_cell
+from iterflow.runtime.spark.jvm import take_sample
 from iterflow.runtime.spark.session import session
 from iterflow.termination import Condition, converged, empty, max_rounds, until
 from iterflow.unbounded import FileSink, UnboundedIteration, UnboundedQuery
@@ -81,6 +82,7 @@ __all__ = [
     "metrics",
     "progress",
     "session",
+    "take_sample",
     "to_arrow",
     "until",
     "vector",

@@ -212,3 +212,27 @@ def test_the_guides_gaussian_mixture_matches_numpy(
     np.testing.assert_allclose(np.reshape(fitted["means"], (k, d)), means, rtol=1e-9)
     np.testing.assert_allclose(np.reshape(fitted["covs"], (k, d, d)), covs, rtol=1e-9, atol=1e-12)
     assert fitted["loglik"] == pytest.approx(loglik, rel=1e-12)
+
+
+@pytest.mark.spark
+def test_ml_pages_own_estimator_is_the_same_em_as_numpy(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/ml.md's IterativeEstimator (the guide's mixture as an Estimator) fits what EM
+    in numpy and scipy fits from its start, and stops by its own rule."""
+    page = ROOT / "docs" / "ml.md"
+    after = run_blocks(page, tmp_path, monkeypatch)
+    (index,) = [i for i, b in enumerate(blocks(page)) if b.heading.startswith("Writing your own")]
+    scope = after[index]
+    model = scope["model"]
+    start = scope["mixture"].start(None)
+    weights, means, covs, loglik = numpy_em(
+        scope["x"], start["weights"], start["means"], start["covs"], model.rounds
+    )
+    learned = model.learned
+    np.testing.assert_allclose(learned["weights"], weights, rtol=1e-9)
+    np.testing.assert_allclose(learned["means"], means, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(learned["covs"], covs, rtol=1e-9, atol=1e-12)
+    assert learned["loglik"] == pytest.approx(loglik, rel=1e-12)
+    assert model.termination.reason == "converged" and learned["change"] <= 1e-9
+    assert model.history[-2].metrics["change"] > 1e-9

@@ -57,7 +57,9 @@ class MlflowSink(MetricsSink):
     With ``log_params``, the run's set-up is logged once as parameters:
     ``iterflow.iteration`` (the body's name), ``iterflow.run_id``,
     ``iterflow.inputs.<name>`` (schema and replay), ``iterflow.conditions`` and
-    ``iterflow.resumed_from``; values longer than 500 characters are cut. Characters
+    ``iterflow.resumed_from``, and the run's notes (``IterationBuilder.note``) under
+    their names (a mapping's entries as ``<note>.<key>``: an ``iterflow.ml`` Estimator's
+    Params as ``params.<name>``); values longer than 500 characters are cut. Characters
     MLflow refuses in keys become ``_``.
 
     The MLflow run is ``run_id`` when given, else the run active
@@ -273,6 +275,13 @@ def run_parameters(snapshot: MetricsSnapshot) -> Iterator[tuple[str, str]]:
     yield f"{BUILT_IN}conditions", json.dumps(parameters.get("conditions", []), sort_keys=True)
     if parameters.get("resumed_from") is not None:
         yield f"{BUILT_IN}resumed_from", str(parameters["resumed_from"])
+    # The run's notes (``IterationBuilder.note``) under their own names, a mapping's
+    # entries as ``<note>.<key>``: an Estimator notes its Params this way.
+    for name, value in sorted(parameters.get("notes", {}).items()):
+        entries = value.items() if isinstance(value, Mapping) else [(None, value)]
+        for key, item in entries:
+            text = item if isinstance(item, str) else json.dumps(item, sort_keys=True)
+            yield (name if key is None else f"{name}.{key}"), text
 
 
 def mlflow_key(key: str) -> str:

@@ -12,6 +12,8 @@ from iterflow.ml.estimators import (
     LogisticRegression,
     LogisticRegressionModel,
 )
+from iterflow.ml.gaussian_mixture import GaussianMixture, GaussianMixtureModel, gaussian_mixture
+from iterflow.ml.iterative import IterativeEstimator, IterativeModel
 from iterflow.ml.kmeans import KMeansModel, kmeans
 from iterflow.ml.regression import linear_regression, logistic_regression
 from iterflow.ml.regression_models import FittedRegression
@@ -29,6 +31,10 @@ RegressionModel = FittedRegression
 setattr(sys.modules["iterflow.ml.kmeans"], "KMeans", KMeans)  # noqa: B010
 
 __all__ = [
+    "GaussianMixture",
+    "GaussianMixtureModel",
+    "IterativeEstimator",
+    "IterativeModel",
     "KMeans",
     "KMeansModel",
     "LinearRegression",
@@ -37,6 +43,7 @@ __all__ = [
     "LogisticRegressionModel",
     "MLError",
     "RegressionModel",
+    "gaussian_mixture",
     "kmeans",
     "linear_regression",
     "logistic_regression",

@@ -40,7 +40,7 @@ from pyspark.ml.param.shared import (
     HasTol,
     HasWeightCol,
 )
-from pyspark.sql import DataFrame, Row
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StructField, StructType
 
@@ -448,13 +448,14 @@ class KMeansModel(Model, KMeansParams, SavedModel, Fitted):
     def _mllib_value(self, name: str, value: Any) -> Any:
         return None if (name, value) == ("initMode", "k-means++") else value
 
-    def _mllib_data(self) -> tuple[StructType, list[tuple[Any, ...]]]:
+    def _saved_data(self, spark: SparkSession) -> DataFrame:
         schema = StructType(
             [StructField("clusterIdx", IntegerType()), StructField("clusterCenter", VectorUDT())]
         )
-        return schema, [(i, DenseVector(c)) for i, c in enumerate(self.centroids.tolist())]
+        rows = [(i, DenseVector(c)) for i, c in enumerate(self.centroids.tolist())]
+        return spark.createDataFrame(rows, schema)
 
-    def _restore_mllib(self, rows: list[Row]) -> None:
+    def _restore_data(self, rows: list[Row]) -> None:
         ordered = sorted(rows, key=lambda row: row["clusterIdx"])
         self.centroids = np.array([row["clusterCenter"].toArray() for row in ordered])
 

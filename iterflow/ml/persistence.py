@@ -31,8 +31,7 @@ from pyspark.ml.util import (
     MLWritable,
     MLWriter,
 )
-from pyspark.sql import Row, SparkSession
-from pyspark.sql.types import StructType
+from pyspark.sql import DataFrame, Row, SparkSession
 
 from iterflow.ml.params import MLParams
 from iterflow.ml.training import MLError
@@ -48,16 +47,19 @@ class SavedModel(MLParams, MLWritable, MLReadable[Any]):
 
     A subclass names MLlib's model class (``mllib_class``, its pyspark name, as
     ``"pyspark.ml.clustering.KMeansModel"``) and turns its learned values into MLlib's data
-    rows (``_mllib_data``) and back (``_restore_mllib``); ``_extra`` and ``_restore_extra``
+    rows (``_saved_data``) and back (``_restore_data``); ``_extra`` and ``_restore_extra``
     carry what MLlib has no column for; ``_mllib_value`` maps a Param value that MLlib
     spells differently (or returns ``None`` when MLlib has no such value)."""
 
-    mllib_class: ClassVar[str]
+    #: MLlib's model class of the same type (its pyspark name); None: iterflow's own
+    #: (the metadata names this class, and the data is whatever ``_saved_data`` gives).
+    mllib_class: ClassVar[str | None] = None
 
-    def _mllib_data(self) -> tuple[StructType, list[tuple[Any, ...]]]:
+    def _saved_data(self, spark: SparkSession) -> DataFrame:
+        """The learned values as the rows of ``data/`` (MLlib's columns for its types)."""
         raise NotImplementedError
 
-    def _restore_mllib(self, rows: list[Row]) -> None:
+    def _restore_data(self, rows: list[Row]) -> None:
         raise NotImplementedError
 
     def _extra(self) -> dict[str, Any]:
@@ -79,6 +81,17 @@ class SavedModel(MLParams, MLWritable, MLReadable[Any]):
     @classmethod
     def read(cls) -> ModelReader[Any]:
         return ModelReader(cls)
+
+
+def python_class(model: Any) -> str:
+    return f"{type(model).__module__}.{type(model).__name__}"
+
+
+def class_name(model: Any) -> str:
+    """The class a saved model's metadata names: MLlib's (JVM) class of its type, or, for a
+    model MLlib has not, its own Python class (which pyspark.ml's readers import)."""
+    mllib = getattr(model, "mllib_class", None)
+    return java_class(mllib) if mllib else python_class(model)
 
 
 def java_class(pyspark_class: str) -> str:
@@ -105,15 +118,13 @@ class ModelWriter(MLWriter):
         spark.createDataFrame([(metadata,)], schema=["value"]).coalesce(1).write.text(
             os.path.join(path, "metadata")
         )
-        schema, rows = self.instance._mllib_data()
-        data = spark.createDataFrame(rows, schema).coalesce(1)
-        data.write.parquet(os.path.join(path, "data"))
+        self.instance._saved_data(spark).coalesce(1).write.parquet(os.path.join(path, "data"))
 
 
 def metadata_of(model: SavedModel, spark_version: str) -> dict[str, Any]:
     """MLlib's metadata of ``model``: the Params MLlib's class has (values MLlib takes),
     and iterflow's own in ``"iterflow"``."""
-    known = mllib_param_names(model.mllib_class)
+    known = mllib_param_names(model.mllib_class) if model.mllib_class else set()
 
     def for_mllib(values: Mapping[Any, Any]) -> dict[str, Any]:
         chosen = {}
@@ -126,14 +137,14 @@ def metadata_of(model: SavedModel, spark_version: str) -> dict[str, Any]:
 
     own = {p.name: v for p, v in model._paramMap.items() if v is not None}
     return {
-        "class": java_class(model.mllib_class),
+        "class": class_name(model),
         "timestamp": round(time.time() * 1000),
         "sparkVersion": spark_version,
         "uid": model.uid,
-        "paramMap": for_mllib(model._paramMap),
-        "defaultParamMap": for_mllib(model._defaultParamMap),
+        "paramMap": for_mllib(model._paramMap) if model.mllib_class else own,
+        "defaultParamMap": for_mllib(model._defaultParamMap) if model.mllib_class else {},
         ITERFLOW: {
-            "class": f"{type(model).__module__}.{type(model).__name__}",
+            "class": python_class(model),
             "paramMap": own,
             "extra": model._extra(),
         },
@@ -157,15 +168,15 @@ class ModelReader(MLReader[M], Generic[M]):
             DefaultParamsReader.getAndSetParams(instance, metadata)
             instance._restore(metadata["learned"])
             return instance
-        expected = java_class(self.cls.mllib_class)
+        expected = class_name(instance)
         if metadata["class"] != expected:
             raise MLError(
                 f"{path} holds a {metadata['class']}, not a model that "
                 f"{self.cls.__name__} reads ({expected})"
             )
         restore_params(instance, metadata)
-        instance._restore_mllib(_rows(spark, os.path.join(path, "data")))
         instance._restore_extra(metadata.get(ITERFLOW, {}).get("extra", {}))
+        instance._restore_data(_rows(spark, os.path.join(path, "data")))
         return instance
 
 

@@ -35,7 +35,7 @@ from pyspark.ml.param.shared import (
     HasTol,
     HasWeightCol,
 )
-from pyspark.sql import Column, DataFrame, Row
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BooleanType,
@@ -271,7 +271,7 @@ class LinearRegressionModel(FittedRegression, RegressionParams):
             return {"lbfgs": "l-bfgs", "gd": None}.get(value, value)
         return value
 
-    def _mllib_data(self) -> tuple[StructType, list[tuple[Any, ...]]]:
+    def _saved_data(self, spark: SparkSession) -> DataFrame:
         schema = StructType(
             [
                 StructField("intercept", DoubleType()),
@@ -279,9 +279,11 @@ class LinearRegressionModel(FittedRegression, RegressionParams):
                 StructField("scale", DoubleType()),
             ]
         )
-        return schema, [(float(self.intercept), self.coefficients, self.scale)]
+        return spark.createDataFrame(
+            [(float(self.intercept), self.coefficients, self.scale)], schema
+        )
 
-    def _restore_mllib(self, rows: list[Row]) -> None:
+    def _restore_data(self, rows: list[Row]) -> None:
         self.intercept = float(rows[0]["intercept"])
         self.coefficients = DenseVector(rows[0]["coefficients"].toArray())
 
@@ -341,7 +343,7 @@ class LogisticRegressionModel(FittedRegression, LogisticParams):
             out = out.withColumn(self.getPredictionCol(), label)
         return out
 
-    def _mllib_data(self) -> tuple[StructType, list[tuple[Any, ...]]]:
+    def _saved_data(self, spark: SparkSession) -> DataFrame:
         schema = StructType(
             [
                 StructField("numClasses", IntegerType()),
@@ -352,9 +354,9 @@ class LogisticRegressionModel(FittedRegression, LogisticParams):
             ]
         )
         row = (2, self.numFeatures, self.interceptVector, self.coefficientMatrix, False)
-        return schema, [row]
+        return spark.createDataFrame([row], schema)
 
-    def _restore_mllib(self, rows: list[Row]) -> None:
+    def _restore_data(self, rows: list[Row]) -> None:
         row = rows[0]
         if row["isMultinomial"] or row["numClasses"] > 2:
             raise MLError(

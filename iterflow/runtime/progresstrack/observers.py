@@ -197,6 +197,7 @@ class RunObservers:
             "inputs": describe_inputs(inputs, replay),
             "conditions": [c.describe() for c in conditions],
             "resumed_from": resumed_from,
+            "notes": dict(self._notes),
         }
         self._pusher.started(parameters)
         if self._log is not None:
@@ -207,7 +208,6 @@ class RunObservers:
                 **parameters,
                 "parent_run_id": None if self.parent is None else self.parent.run_id,
                 "epoch_path": self.path,
-                "notes": dict(self._notes),
             }
             tracker = self.tracker
             self._pending_start = lambda: log.iteration_started(

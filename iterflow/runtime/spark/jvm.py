@@ -14,6 +14,7 @@ from typing import Any
 
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 from pyspark.sql.types import StructType
 
@@ -698,3 +699,29 @@ def configured_settings(driver_memory: str) -> dict[str, str]:
             if settings.get(key) == placeholder:
                 del settings[key]
     return settings
+
+
+def take_sample(
+    df: DataFrame, count: int, seed: int, *, with_replacement: bool = False
+) -> list[Any]:
+    """``count`` rows of ``df`` drawn with ``seed``, as a list of ``Row``.
+
+    On a classic session the rows are those Spark's ``RDD.takeSample`` draws (the JVM's,
+    not PySpark's Python sampler): the sample Spark MLlib draws from the same rows, so a
+    library can start where MLlib starts for the same seed. Spark Connect has no RDDs:
+    there the rows are the first of a seeded shuffle (without replacement).
+
+    Example::
+
+        rows = itf.take_sample(df.select("features"), 10, seed=7, with_replacement=True)
+    """
+    if not isinstance(df, ClassicDataFrame):
+        return df.orderBy(F.rand(seed)).limit(count).collect()
+    spark = df.sparkSession
+    drawn = df._jdf.rdd().takeSample(bool(with_replacement), int(count), int(seed))
+    jvm: Any = spark.sparkContext._jvm
+    rows = jvm.java.util.ArrayList()
+    for row in drawn:  # a sample: few rows, one call each
+        rows.add(row)
+    sampled = spark._jsparkSession.createDataFrame(rows, df._jdf.schema())
+    return ClassicDataFrame(sampled, spark).collect()
