@@ -9,12 +9,15 @@ from iterflow.ml.estimators import (
     KMeans,
     LinearRegression,
     LinearRegressionModel,
+    LinearSVC,
+    LinearSVCModel,
     LogisticRegression,
     LogisticRegressionModel,
 )
 from iterflow.ml.gaussian_mixture import GaussianMixture, GaussianMixtureModel, gaussian_mixture
 from iterflow.ml.iterative import IterativeEstimator, IterativeModel
 from iterflow.ml.kmeans import KMeansModel, kmeans
+from iterflow.ml.linear_svc import linear_svc
 from iterflow.ml.regression import linear_regression, logistic_regression
 from iterflow.ml.regression_models import FittedRegression
 from iterflow.ml.training import MLError
@@ -39,6 +42,8 @@ __all__ = [
     "KMeansModel",
     "LinearRegression",
     "LinearRegressionModel",
+    "LinearSVC",
+    "LinearSVCModel",
     "LogisticRegression",
     "LogisticRegressionModel",
     "MLError",
@@ -46,5 +51,6 @@ __all__ = [
     "gaussian_mixture",
     "kmeans",
     "linear_regression",
+    "linear_svc",
     "logistic_regression",
 ]

@@ -28,6 +28,7 @@ from pyspark.ml import Estimator
 from pyspark.sql import DataFrame
 
 from iterflow.ml.kmeans import KMeansModel, KMeansParams, kmeans
+from iterflow.ml.linear_svc import LinearSVCModel, LinearSVCParams, linear_svc
 from iterflow.ml.params import HasInitialModel, IterationOptions, keyword_params, weight_column
 from iterflow.ml.persistence import SavedEstimator
 from iterflow.ml.regression import linear_regression, logistic_regression
@@ -144,6 +145,61 @@ class LogisticRegression(
         return self._copyValues(model)
 
 
+class LinearSVC(
+    Estimator[LinearSVCModel],
+    LinearSVCParams,
+    HasInitialModel,
+    IterationOptions,
+    SavedEstimator,
+):
+    """A linear SVM (labels 0 and 1) as a ``pyspark.ml`` Estimator, with MLlib's Params and
+    defaults (``maxIter=100``, ``tol=1e-6``, ``regParam=0``, ``standardization=True``,
+    ``threshold=0.0``): OWL-QN on the hinge loss, as MLlib; ``initialModel`` warm-starts.
+    Runs ``linear_svc``: see ``iterflow.ml.linear_svc``.
+
+    Example::
+
+        model = LinearSVC(regParam=0.01).fit(df)   # "features" (a Vector), "label"
+        model.coefficients, model.intercept
+    """
+
+    @keyword_params
+    def __init__(
+        self,
+        *,
+        featuresCol: str = "features",
+        labelCol: str = "label",
+        predictionCol: str = "prediction",
+        maxIter: int = 100,
+        regParam: float = 0.0,
+        tol: float = 1e-6,
+        rawPredictionCol: str = "rawPrediction",
+        fitIntercept: bool = True,
+        standardization: bool = True,
+        threshold: float = 0.0,
+        weightCol: str | None = None,
+        initialModel: Any = None,
+    ) -> None:
+        super().__init__()
+
+    def _fit(self, dataset: DataFrame) -> LinearSVCModel:
+        model = linear_svc(
+            dataset,
+            features=self.getFeaturesCol(),
+            label=self.getLabelCol(),
+            weight=weight_column(self),
+            reg=self.getRegParam(),
+            standardization=self.getStandardization(),
+            fit_intercept=self.getFitIntercept(),
+            max_rounds=self.getMaxIter(),
+            tol=self.getTol(),
+            threshold=self.getThreshold(),
+            initial=self.initial_model(LinearSVCModel),
+            **self.getIterationOptions(),
+        )
+        return self._copyValues(model)
+
+
 class KMeans(
     Estimator[KMeansModel],
     KMeansParams,
@@ -200,6 +256,8 @@ __all__ = [
     "KMeans",
     "LinearRegression",
     "LinearRegressionModel",
+    "LinearSVC",
+    "LinearSVCModel",
     "LogisticRegression",
     "LogisticRegressionModel",
 ]

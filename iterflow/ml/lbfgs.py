@@ -71,10 +71,13 @@ class Settings:
     max_iterations: int
     tol: float
     l1: np.ndarray
+    #: OWL-QN even with no L1 part (its backtracking search and orthants), as MLlib's
+    #: LinearSVC runs it.
+    owlqn: bool = False
 
     @property
     def orthant_wise(self) -> bool:
-        return bool((self.l1 > 0).any())
+        return self.owlqn or bool((self.l1 > 0).any())
 
 
 @attrs.define
@@ -241,7 +244,9 @@ def _direction(settings: Settings, state: OptimizerState) -> np.ndarray | None:
             sy = float(steps[0] @ changes[0])
             if sy < 0 or math.isnan(sy):
                 return None
-            scale = sy / float(changes[0] @ changes[0])
+            # numpy's division: a gradient that did not change (a piecewise-linear loss
+            # such as the hinge) gives NaN here, as in breeze, not a Python exception.
+            scale = float(np.float64(sy) / np.float64(changes[0] @ changes[0]))
         else:
             scale = 1.0
         rho = np.einsum("ij,ij->i", steps, changes)

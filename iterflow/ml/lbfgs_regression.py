@@ -112,7 +112,7 @@ class Objective:
         l1_part = options.elastic_net * reg
         q = np.ones(d) if options.standardization else inverse
         l1 = q * l1_part
-        if options.kind == "logistic" and options.fit_intercept:
+        if options.kind != "linear" and options.fit_intercept:
             l1 = np.append(l1, 0.0)  # the intercept is not penalized
         return cls(
             kind=options.kind,
@@ -131,11 +131,14 @@ class Objective:
         return len(self.mean)
 
     def starting_point(self, positives: float, weight: float) -> np.ndarray:
-        """MLlib's: 0, and for a logistic intercept the log-odds of the labels."""
+        """MLlib's: 0, and for a logistic intercept the log-odds of the labels (a linear
+        SVM's intercept starts at 0)."""
         if self.kind == "linear":
             return np.zeros(self.features)
         if not self.fit_intercept:
             return np.zeros(self.features)
+        if self.kind == "hinge":
+            return np.zeros(self.features + 1)
         return np.append(np.zeros(self.features), math.log(positives / (weight - positives)))
 
     def point(self, raw: np.ndarray) -> np.ndarray:
@@ -196,6 +199,8 @@ def _settings(options: FitOptions, objective: Objective) -> lbfgs.Settings:
         max_iterations=options.max_rounds,
         tol=options.tol if options.tol is not None else 0.0,
         l1=objective.l1,
+        # MLlib's LinearSVC runs OWL-QN with no L1 part (its line search and orthants).
+        owlqn=options.kind == "hinge",
     )
 
 

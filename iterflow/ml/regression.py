@@ -166,16 +166,17 @@ def regression_body(
     return gradient_descent
 
 
-def _fit(df: DataFrame, options: FitOptions) -> RegressionFit:
+def fit_problem(df: DataFrame, options: FitOptions) -> RegressionFit:
+    """Fit the problem ``options`` describes (linear, logistic, hinge) on ``df``'s rows."""
     wanted = [options.label, *([options.weight] if options.weight else [])]
     missing = [c for c in wanted if c not in df.columns]
     if missing:
         raise MLError(f"no column(s) {missing}; the columns are {df.columns}")
-    who = f"{options.kind}_regression()"
+    who = "linear_svc()" if options.kind == "hinge" else f"{options.kind}_regression()"
     spec = features_of(df, options.features, who)
     df = used_rows(df, [*spec.columns, options.label, options.weight], who)
     prepare = design(spec, options.label, options.weight, options.class_weight)
-    if options.kind == "logistic":
+    if options.kind != "linear":
         prepare = binary_labels(prepare, options.label)
     features = options.features if isinstance(options.features, str) else list(options.features)
     initial = initial_coefficients(options.initial, spec.dims, who)
@@ -309,7 +310,7 @@ def linear_regression(
         memory=memory,
         initial=initial,
     )
-    model = LinearRegressionModel(_fit(df, options))
+    model = LinearRegressionModel(fit_problem(df, options))
     return model._set_checked(short_form_params(attrs.asdict(options, recurse=False)))
 
 
@@ -376,6 +377,6 @@ def logistic_regression(
         memory=memory,
         initial=initial,
     )
-    model = LogisticRegressionModel(_fit(df, options))
+    model = LogisticRegressionModel(fit_problem(df, options))
     values = short_form_params(attrs.asdict(options, recurse=False))
     return model._set_checked({**values, "threshold": threshold})

@@ -46,7 +46,7 @@ def design(
 def binary_labels(
     prepare: Callable[[pa.Table], pa.Table], label: str
 ) -> Callable[[pa.Table], pa.Table]:
-    """``prepare``, checking that every label is 0 or 1 (logistic regression's)."""
+    """``prepare``, checking that every label is 0 or 1 (a binary classifier's)."""
 
     def checked(table: pa.Table) -> pa.Table:
         prepared = prepare(table)
@@ -64,7 +64,8 @@ def loss_sums(
 ) -> tuple[np.ndarray, float]:
     """The rows' summed loss at ``coefficients`` (intercept last) and its gradient: the
     kernel of both solvers. Linear: ``sum v (z - y)^2 / 2``; logistic: ``sum v log(1 +
-    exp(-(2y-1) z))``, with ``z = x.w + b``."""
+    exp(-(2y-1) z))``; hinge (linear SVM): ``sum v max(0, 1 - (2y-1) z)``, with
+    ``z = x.w + b``."""
     gradient, loss = np.zeros(len(coefficients)), 0.0
     w, b = coefficients[:-1], coefficients[-1]
     # Block by block: a block of x stays in the cache from z = x.w to the gradient's x.T @
@@ -78,6 +79,12 @@ def loss_sums(
             residual = z - ys
             loss += 0.5 * float(np.sum(vs * residual**2))
             slope = vs * residual
+        elif kind == "hinge":
+            signed = 2.0 * ys - 1.0
+            gap = 1.0 - signed * z
+            inside = gap > 0.0  # a subgradient: 0 at the hinge, as MLlib's
+            loss += float(np.sum(vs * gap, where=inside))
+            slope = np.where(inside, -signed * vs, 0.0)
         else:
             # log(1 + exp(t)) as numpy's logaddexp(0, t) computes it, in fewer passes.
             t = (1.0 - 2.0 * ys) * z
@@ -93,10 +100,8 @@ def loss_sums(
 def no_rows(kind: str, fraction: float = 1.0) -> str:
     """What an ``MLError`` says when a fit sums no weight: no rows, or every weight 0."""
     batch = " (or this round's mini-batch drew none: raise batch_fraction)" if fraction < 1 else ""
-    return (
-        f"{kind}_regression() has no rows to fit: the DataFrame is empty or every row's "
-        f"weight is 0{batch}"
-    )
+    who = "linear_svc()" if kind == "hinge" else f"{kind}_regression()"
+    return f"{who} has no rows to fit: the DataFrame is empty or every row's weight is 0{batch}"
 
 
 def _positive(instance: object, field: attrs.Attribute[float], value: float) -> None:
@@ -134,7 +139,7 @@ class FitOptions:
     """What ``linear_regression`` and ``logistic_regression`` were asked for, as one value;
     a step size, penalty or batch fraction out of range fails here, named."""
 
-    kind: str  # "linear" or "logistic"
+    kind: str  # "linear", "logistic" or "hinge" (linear SVM)
     features: Sequence[str] | str
     label: str
     weight: str | None
