@@ -21,6 +21,7 @@ from iterflow.ml.linear_svc import linear_svc
 from iterflow.ml.regression import linear_regression, logistic_regression
 from iterflow.ml.regression_models import FittedRegression
 from iterflow.ml.training import MLError
+from iterflow.ml.tuning import HalvingCrossValidator
 
 #: What the short forms returned before they returned the Estimators' models: the base of
 #: ``LinearRegressionModel`` and ``LogisticRegressionModel``.
@@ -36,6 +37,7 @@ setattr(sys.modules["iterflow.ml.kmeans"], "KMeans", KMeans)  # noqa: B010
 __all__ = [
     "GaussianMixture",
     "GaussianMixtureModel",
+    "HalvingCrossValidator",
     "IterativeEstimator",
     "IterativeModel",
     "KMeans",
