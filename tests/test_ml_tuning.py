@@ -70,7 +70,7 @@ def test_in_a_pipeline_and_saved(noisy, tmp_path):
     )
     model = halving.fit(noisy)
     assert model.bestModel.stages[-1].getRegParam() == 0.0
-    assert [r.rounds for r in model.rungs][0] == 5  # 20 / 2**2
+    assert model.rungs[0].rounds == 5  # 20 / 2**2
     halving.save(str(tmp_path / "halving"))
     loaded = HalvingCrossValidator.load(str(tmp_path / "halving"))
     assert isinstance(loaded, HalvingCrossValidator)
