@@ -33,9 +33,10 @@ def fitted(model) -> np.ndarray:
 @pytest.mark.parametrize(
     "options",
     [
-        {},
+        # No penalty: 108 iterations on these rows (slow: the others stay in CI).
+        pytest.param({}, marks=pytest.mark.slow_spark),
         {"regParam": 0.01},
-        {"regParam": 0.05, "standardization": False},
+        pytest.param({"regParam": 0.05, "standardization": False}, marks=pytest.mark.slow_spark),
         {"regParam": 0.01, "fitIntercept": False},
         {"regParam": 0.02, "weightCol": "w", "maxIter": 7},
     ],

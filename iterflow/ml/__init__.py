@@ -5,6 +5,7 @@ Each is a short iteration body that users can read as a model for their own.
 
 import sys
 
+from iterflow.ml.als import ALS, ALSModel, als
 from iterflow.ml.estimators import (
     KMeans,
     LinearRegression,
@@ -35,6 +36,8 @@ RegressionModel = FittedRegression
 setattr(sys.modules["iterflow.ml.kmeans"], "KMeans", KMeans)  # noqa: B010
 
 __all__ = [
+    "ALS",
+    "ALSModel",
     "GaussianMixture",
     "GaussianMixtureModel",
     "HalvingCrossValidator",
@@ -50,6 +53,7 @@ __all__ = [
     "LogisticRegressionModel",
     "MLError",
     "RegressionModel",
+    "als",
     "gaussian_mixture",
     "kmeans",
     "linear_regression",

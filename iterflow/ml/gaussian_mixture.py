@@ -48,7 +48,7 @@ from iterflow.ml.features import Features, features_of, matrix, used_rows
 from iterflow.ml.iterative import IterativeEstimator, IterativeModel, Learned
 from iterflow.ml.kmeans import feature_matrix, points_of
 from iterflow.ml.params import MLParams, keyword_params, param, weight_column
-from iterflow.ml.training import MLError
+from iterflow.ml.training import MLError, added
 
 #: MLlib's ``MLUtils.EPSILON``: the machine epsilon of doubles.
 EPSILON = float(np.finfo(np.float64).eps)
@@ -136,10 +136,7 @@ class ExpectationStep(itf.CombineFn):
         return totals, sums, squares, likelihood
 
     def merge_accumulators(self, accs: list[tuple[Any, ...]]) -> tuple[Any, ...]:
-        merged = self.create_accumulator()
-        for acc in accs:
-            merged = tuple(a + b for a, b in zip(merged, acc, strict=True))
-        return merged
+        return added(self.create_accumulator(), accs)
 
     def extract_output(self, acc: tuple[Any, ...]) -> dict[str, Any]:
         totals, sums, squares, likelihood = acc
@@ -365,7 +362,7 @@ class GaussianMixture(IterativeEstimator, GaussianMixtureParams):
     def round(self, learned: Learned) -> itf.CombineFn:
         return ExpectationStep(learned)
 
-    def warm_start(self, model: Any) -> Learned:
+    def warm_start(self, model: Any, dataset: DataFrame) -> Learned:
         weights = np.asarray(model.weights, dtype=np.float64)
         means = np.array([np.asarray(g.mean.toArray()) for g in model.gaussians])
         covs = np.array([g.cov.toArray() for g in model.gaussians])

@@ -255,9 +255,14 @@ class IterativeEstimator(
         """The columns of ``dataset`` the rounds read (None: all of them)."""
         return None
 
-    def warm_start(self, model: Any) -> Learned:
-        """The learned values of round 0 from ``initialModel``: an ``IterativeModel``'s
-        own by default."""
+    def rounds(self) -> int:
+        """The most rounds a fit runs: ``maxIter`` by default (ALS: twice, a round per
+        half of an iteration)."""
+        return int(self.getMaxIter())
+
+    def warm_start(self, model: Any, dataset: DataFrame) -> Learned:
+        """The learned values of round 0 from ``initialModel`` (for a fit on ``dataset``):
+        an ``IterativeModel``'s own by default."""
         if isinstance(model, IterativeModel):
             return model.learned
         raise MLError(
@@ -291,7 +296,7 @@ class IterativeEstimator(
 
     def _fit(self, dataset: DataFrame) -> IterativeModel:
         start = self.initial_model(self.model_class)
-        learned = self.start(dataset) if start is None else self.warm_start(start)
+        learned = self.start(dataset) if start is None else self.warm_start(start, dataset)
         shapes = Shapes(learned)
         spark = dataset.sparkSession
         model = spark.createDataFrame(shapes.table(learned), shapes.ddl())
@@ -301,7 +306,7 @@ class IterativeEstimator(
             itf.BoundedIteration(self.body(shapes, self.preparer(dataset)))
             .bind("model", model)
             .bind("data", rows)
-            .until(itf.max_rounds(self.getMaxIter()))
+            .until(itf.max_rounds(self.rounds()))
             .note(estimator=type(self).__name__, params=self._noted_params())
         )
         options = self.getIterationOptions()

@@ -20,7 +20,7 @@ import importlib
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
 from pyspark.ml.util import (
@@ -61,6 +61,20 @@ class SavedModel(MLParams, MLWritable, MLReadable[Any]):
 
     def _restore_data(self, rows: list[Row]) -> None:
         raise NotImplementedError
+
+    def _saved_parts(self, spark: SparkSession) -> dict[str, DataFrame]:
+        """The directories of learned values beside ``metadata/``: ``data/`` by default
+        (MLlib's ALS writes ``userFactors/`` and ``itemFactors/``)."""
+        return {"data": self._saved_data(spark)}
+
+    def _restore_parts(self, read: Callable[[str], list[Row]]) -> None:
+        """The learned values from the directories ``_saved_parts`` wrote (``read(name)``
+        gives one's rows)."""
+        self._restore_data(read("data"))
+
+    def _mllib_metadata(self) -> dict[str, Any]:
+        """Top-level metadata entries MLlib's reader of this type wants (ALS: ``rank``)."""
+        return {}
 
     def _extra(self) -> dict[str, Any]:
         return {}
@@ -118,7 +132,8 @@ class ModelWriter(MLWriter):
         spark.createDataFrame([(metadata,)], schema=["value"]).coalesce(1).write.text(
             os.path.join(path, "metadata")
         )
-        self.instance._saved_data(spark).coalesce(1).write.parquet(os.path.join(path, "data"))
+        for name, frame in self.instance._saved_parts(spark).items():
+            frame.coalesce(1).write.parquet(os.path.join(path, name))
 
 
 def metadata_of(model: SavedModel, spark_version: str) -> dict[str, Any]:
@@ -143,6 +158,7 @@ def metadata_of(model: SavedModel, spark_version: str) -> dict[str, Any]:
         "uid": model.uid,
         "paramMap": for_mllib(model._paramMap) if model.mllib_class else own,
         "defaultParamMap": for_mllib(model._defaultParamMap) if model.mllib_class else {},
+        **model._mllib_metadata(),
         ITERFLOW: {
             "class": python_class(model),
             "paramMap": own,
@@ -176,7 +192,7 @@ class ModelReader(MLReader[M], Generic[M]):
             )
         restore_params(instance, metadata)
         instance._restore_extra(metadata.get(ITERFLOW, {}).get("extra", {}))
-        instance._restore_data(_rows(spark, os.path.join(path, "data")))
+        instance._restore_parts(lambda name: _rows(spark, os.path.join(path, name)))
         return instance
 
 

@@ -44,10 +44,7 @@ class ModelStep(itf.CombineFn):
 
     def merge_accumulators(self, accs: list[tuple[Any, ...]]) -> Any:
         """Sums: the accumulators are tuples of numbers and arrays, added place by place."""
-        merged = self.create_accumulator()
-        for acc in accs:
-            merged = tuple(a + b for a, b in zip(merged, acc, strict=True))
-        return merged
+        return added(self.create_accumulator(), accs)
 
     def __getstate__(self) -> dict[str, Any]:
         # Tasks carry this object to feed accumulators, which never touch the gauge: only
@@ -63,6 +60,15 @@ class ModelStep(itf.CombineFn):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, loss=pickle.loads(state["loss"]))
+
+
+def added(start: tuple[Any, ...], accs: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """``start`` plus every accumulator of ``accs``, place by place: the merge of
+    accumulators that are tuples of sums (numbers and arrays)."""
+    merged = start
+    for acc in accs:
+        merged = tuple(a + b for a, b in zip(merged, acc, strict=True))
+    return merged
 
 
 class Fitted:
