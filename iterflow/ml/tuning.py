@@ -7,7 +7,9 @@ there; the last candidate standing (or the best of the rung that reached ``maxRo
 is the winner, fitted on the whole dataset with ``maxRounds`` rounds, as
 ``CrossValidator`` fits its best. An Estimator with ``initialModel`` (iterflow's) goes on
 from where its previous rung's model stopped on the same fold, so a survivor pays only
-for its extra rounds; others are fitted again with the larger budget.
+for its extra rounds; others are fitted again with the larger budget. A fit that
+converged before its budget (its run stopped by its own rule) is not fitted again: its
+metric stands in the later rungs.
 
 With ``n`` ParamMaps, ``E = ceil(log(n) / log(factor))`` rungs eliminate candidates;
 ``minRounds`` defaults to ``maxRounds / factor**E`` (at least 1) and ``maxRounds`` to the
@@ -37,6 +39,7 @@ from pyspark.ml.tuning import (
 from pyspark.ml.util import DefaultParamsReader
 from pyspark.sql import DataFrame
 
+from iterflow.ml import lbfgs
 from iterflow.ml.params import MLParams, keyword_params, param
 from iterflow.ml.training import MLError
 
@@ -178,6 +181,7 @@ class HalvingCrossValidator(CrossValidator, HalvingParams):
         warm = estimator.hasParam("initialModel") and not isinstance(estimator, Pipeline)
         alive = list(range(len(maps)))
         previous: dict[tuple[int, int], Model] = {}
+        settled: dict[tuple[int, int], float] = {}  # converged fits: their metric stands
         rungs: list[Rung] = []
         scores: dict[int, list[float]] = {}
         done = 0
@@ -189,6 +193,8 @@ class HalvingCrossValidator(CrossValidator, HalvingParams):
             def run(task: tuple[int, int], budget: int = budget, done: int = done) -> Any:
                 j, f = task
                 train, validation = folds[f]
+                if (j, f) in settled:  # converged before its budget: more rounds change nothing
+                    return j, f, previous[(j, f)], settled[(j, f)]
                 extra = {**maps[j], rounds: budget}
                 if warm and (j, f) in previous:
                     initial = estimator.getParam("initialModel")
@@ -203,6 +209,8 @@ class HalvingCrossValidator(CrossValidator, HalvingParams):
             for j, f, model, metric in results:
                 previous[(j, f)] = model
                 scores[j].append(float(metric))
+                if converged(model):
+                    settled[(j, f)] = float(metric)
             means = {j: float(np.mean(scores[j])) for j in alive}
             rungs.append(Rung(budget, means))
             done = budget
@@ -210,6 +218,20 @@ class HalvingCrossValidator(CrossValidator, HalvingParams):
             ranked = sorted(alive, key=lambda j: means[j], reverse=evaluator.isLargerBetter())
             alive = sorted(ranked[:keep])
         return rungs, scores
+
+
+def converged(model: Any) -> bool:
+    """Whether an iterflow model's run stopped by its convergence rule (not its rounds):
+    a later rung would give it more rounds it does not use. A Pipeline's last stage
+    counts; other models never are."""
+    stages = getattr(model, "stages", None)
+    model = stages[-1] if stages else model
+    if not getattr(model, "hasSummary", False):
+        return False
+    if hasattr(model, "stop_reason"):  # L-BFGS: the optimizer's own reason
+        return model.stop_reason in (lbfgs.FUNCTION_VALUES, lbfgs.GRADIENT)
+    termination = getattr(model, "termination", None)
+    return termination is not None and termination.reason == "converged"
 
 
 def owner_of(estimator: Any, rounds: Param[Any]) -> Any:
