@@ -34,7 +34,13 @@ from iterflow.graph import (
     pagerank,
     pregel,
 )
-from iterflow.ml import LogisticRegression, LogisticRegressionModel, kmeans, linear_regression
+from iterflow.ml import (
+    GaussianMixture,
+    LogisticRegression,
+    LogisticRegressionModel,
+    kmeans,
+    linear_regression,
+)
 from iterflow.testing import assert_converges, assert_frame_close
 
 #: Where the k-means run writes its events (its iteration_started tells how kernels ran).
@@ -251,7 +257,15 @@ def estimator(spark: SparkSession, rng: np.random.Generator) -> dict:  # type: i
     path = os.path.join(tempfile.mkdtemp(), "lr")
     model.write().save(path)
     loaded = LogisticRegressionModel.load(path)
+    # An IterativeEstimator over Connect: the start is a seeded shuffle's rows (no RDDs).
+    mixture = (
+        GaussianMixture(k=2, seed=3, featuresCol="features")
+        .setIterationOptions(progress=False)
+        .fit(spark.createDataFrame(table))
+    )
     return {
+        "mixture_weights": mixture.weights,
+        "mixture_loglik": mixture.summary.logLikelihood,
         "x": x.tolist(),
         "y": y.tolist(),
         "coefficients": [*model.coefficients.toArray().tolist(), model.intercept],

@@ -85,6 +85,10 @@ def test_a_pyspark_ml_estimator_fits_saves_and_loads(connect_run: dict[str, Any]
     expected = newton_logistic(x, y, np.ones(len(y)), 0.0)
     np.testing.assert_allclose(fit["coefficients"], expected, atol=1e-4)
     assert fit["loaded"] == fit["coefficients"] and 1 <= fit["iterations"] <= 100
+    # GaussianMixture (an IterativeEstimator) fits over Connect too, started from a
+    # seeded shuffle's rows: a mixture of the two features, and its log-likelihood.
+    assert sum(fit["mixture_weights"]) == pytest.approx(1.0)
+    assert np.isfinite(fit["mixture_loglik"]) and fit["mixture_loglik"] < 0
 
 
 def test_rounds_are_sampled_from_the_clients_progress_handler(

@@ -235,4 +235,4 @@ def test_ml_pages_own_estimator_is_the_same_em_as_numpy(
     np.testing.assert_allclose(learned["covs"], covs, rtol=1e-9, atol=1e-12)
     assert learned["loglik"] == pytest.approx(loglik, rel=1e-12)
     assert model.termination.reason == "converged" and learned["change"] <= 1e-9
-    assert model.history[-2].metrics["change"] > 1e-9
+    assert model.history[-2].metrics["Mixture.change"] > 1e-9

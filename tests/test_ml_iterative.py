@@ -108,8 +108,8 @@ def test_an_authors_estimator_fits_as_its_numpy_reference(rows):
     np.testing.assert_allclose(model.learned["center"], reference(x, 0.5, model.rounds), rtol=1e-12)
     assert model.learned["count"] == 500 and isinstance(model.learned["count"], int)
     # Every float learned value is a gauge of the round.
-    assert model.history[-1].metrics["change"] == pytest.approx(model.learned["change"])
-    assert model.learned["change"] <= 1e-6 < model.history[-2].metrics["change"]
+    assert model.history[-1].metrics["Shrink.change"] == pytest.approx(model.learned["change"])
+    assert model.learned["change"] <= 1e-6 < model.history[-2].metrics["Shrink.change"]
     # Params: accessors, and the same MLError as the built-ins for an unknown one.
     assert Shrink().setRate(0.25).getRate() == 0.25 and Shrink().getMaxIter() == 100
     with pytest.raises(MLError, match=r"has no Param\(s\) \['rates'\]"):
@@ -205,9 +205,9 @@ def test_the_event_log_and_mlflow_get_the_estimators_params(rows, tmp_path, monk
         "4",
     )
     changes = sorted(
-        (m.step, m.value) for m in client.get_metric_history(active.info.run_id, "change")
+        (m.step, m.value) for m in client.get_metric_history(active.info.run_id, "Shrink.change")
     )
-    assert [v for _, v in changes] == [p.metrics["change"] for p in model.history]
+    assert [v for _, v in changes] == [p.metrics["Shrink.change"] for p in model.history]
 
 
 class Missing(Shrink):

@@ -52,6 +52,8 @@ from iterflow.ml.training import MLError, added
 
 #: MLlib's ``MLUtils.EPSILON``: the machine epsilon of doubles.
 EPSILON = float(np.finfo(np.float64).eps)
+#: The gauge of every round's log-likelihood (``IterativeEstimator``'s naming).
+GAUGE = "GaussianMixture.logLikelihood"
 #: Rows drawn per component for the start, as MLlib.
 SAMPLES_PER_COMPONENT = 5
 
@@ -166,9 +168,7 @@ class GaussianMixtureSummary:
         self.k = len(model.weights)
         self.numIter = int(self.result.rounds)
         self.objectiveHistory = [
-            float(p.metrics["logLikelihood"])
-            for p in self.result.history
-            if "logLikelihood" in p.metrics
+            float(p.metrics[GAUGE]) for p in self.result.history if GAUGE in p.metrics
         ]
 
     @functools.cached_property
@@ -324,6 +324,7 @@ class GaussianMixture(IterativeEstimator, GaussianMixtureParams):
 
     model_class = GaussianMixtureModel
     converge_on = "change"
+    metrics_prefix = "GaussianMixture"
 
     @keyword_params
     def __init__(

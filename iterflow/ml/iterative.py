@@ -21,9 +21,10 @@ for an unknown one (``iterflow.ml.params``), ``maxIter`` and ``tol``, ``initialM
 (``setIterationOptions(progress=, listen=, event_log=, checkpoint_dir=, mlflow=...)``),
 Pipelines and CrossValidator, and save/load of the Estimator and of its
 ``IterativeModel`` (the learned values as one Parquet row, the Params in the metadata).
-Every scalar learned value is a gauge of the same name in ``RoundProgress.metrics`` (so
-progress bars, event logs and metrics sinks show it), and the Estimator's class and
-Params are the run's notes (``iteration_started``; ``params.<name>`` in MLflow).
+Every scalar learned value is a gauge ``<Estimator class>.<name>`` in
+``RoundProgress.metrics`` (so progress bars, event logs and metrics sinks show it), and
+the Estimator's class and Params are the run's notes (``iteration_started``;
+``params.<name>`` in MLflow).
 
 The model is one row, so iterflow holds it on the driver between rounds: the body reads
 it without a Spark job, and on resident data a round runs none (docs/guide.md).
@@ -226,6 +227,10 @@ class IterativeEstimator(
     model_class: ClassVar[type[IterativeModel]] = IterativeModel
     #: A scalar learned value: the run stops once it is at most ``tol`` (None: maxIter).
     converge_on: ClassVar[str | None] = None
+    #: The first part of the gauges' names (``<prefix>.<learned value>``; metric names
+    #: are the process's, so two libraries' ``change`` must not meet): the class name
+    #: by default.
+    metrics_prefix: ClassVar[str | None] = None
 
     def __init__(self, **params: Any) -> None:
         """Params by name (``MyEstimator(k=3, maxIter=50)``): an unknown one is an
@@ -274,7 +279,7 @@ class IterativeEstimator(
         """The iteration body: ``model`` (the variable, one row) and ``data`` (the rows);
         by default one ``itf.combine`` of ``round()`` a round."""
         gauges = {
-            name: itf.metrics.gauge(name)
+            name: itf.metrics.gauge(f"{self.metrics_prefix or type(self).__name__}.{name}")
             for name, shape in shapes.shapes.items()
             if shape is None and shapes.kinds[name] == "f"
         }
