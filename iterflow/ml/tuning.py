@@ -20,8 +20,9 @@ earlier), and ``rungs``: every rung's budget and each candidate's mean metric.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from multiprocessing.pool import ThreadPool
 from typing import Any
 
@@ -129,13 +130,8 @@ class HalvingCrossValidator(CrossValidator, HalvingParams):
             raise MLError("HalvingCrossValidator does not collect sub-models")
         rounds = rounds_param(estimator, maps)
         plan, most = self._plan(estimator, rounds, len(maps))
-        folds = [(train.cache(), validation.cache()) for train, validation in self._kFold(dataset)]
-        try:
-            rungs, scores = self._rungs(estimator, rounds, maps, evaluator, folds, plan)
-        finally:
-            for train, validation in folds:
-                train.unpersist()
-                validation.unpersist()
+        folds = self._kFold(dataset)
+        rungs, scores = self._rungs(estimator, rounds, maps, evaluator, folds, plan)
         last = rungs[-1].metrics
         pick = max if evaluator.isLargerBetter() else min
         best = pick(last, key=lambda j: last[j])
@@ -188,11 +184,11 @@ class HalvingCrossValidator(CrossValidator, HalvingParams):
         for budget in plan:
             if rungs and len(alive) == 1:
                 break  # the last candidate standing: the winner
-            tasks = [(j, f) for j in alive for f in range(len(folds))]
 
-            def run(task: tuple[int, int], budget: int = budget, done: int = done) -> Any:
-                j, f = task
-                train, validation = folds[f]
+            def run(
+                task: tuple[int, int, DataFrame, DataFrame], budget: int = budget, done: int = done
+            ) -> Any:
+                j, f, train, validation = task
                 if (j, f) in settled:  # converged before its budget: more rounds change nothing
                     return j, f, previous[(j, f)], settled[(j, f)]
                 extra = {**maps[j], rounds: budget}
@@ -202,9 +198,16 @@ class HalvingCrossValidator(CrossValidator, HalvingParams):
                 model = estimator.fit(train, extra)
                 return j, f, model, evaluator.evaluate(model.transform(validation, maps[j]))
 
-            spark = folds[0][0].sparkSession
-            with ThreadPool(processes=max(1, min(self.getParallelism(), len(tasks)))) as pool:
-                results = pool.map(inheritable_thread_target(spark)(run), tasks)
+            results = []
+            for f, (train, validation) in enumerate(folds):
+                # One fold cached at a time, as CrossValidator does (all folds at once
+                # hold numFolds copies of the rows).
+                with cached(train) as rows, cached(validation) as held:
+                    tasks = [(j, f, rows, held) for j in alive]
+                    workers = max(1, min(self.getParallelism(), len(tasks)))
+                    with ThreadPool(processes=workers) as pool:
+                        target = inheritable_thread_target(rows.sparkSession)(run)
+                        results += pool.map(target, tasks)
             scores = {j: [] for j in alive}
             for j, f, model, metric in results:
                 previous[(j, f)] = model
@@ -218,6 +221,16 @@ class HalvingCrossValidator(CrossValidator, HalvingParams):
             ranked = sorted(alive, key=lambda j: means[j], reverse=evaluator.isLargerBetter())
             alive = sorted(ranked[:keep])
         return rungs, scores
+
+
+@contextlib.contextmanager
+def cached(df: DataFrame) -> Iterator[DataFrame]:
+    """``df`` cached while the block runs, then unpersisted."""
+    df = df.cache()
+    try:
+        yield df
+    finally:
+        df.unpersist()
 
 
 def converged(model: Any) -> bool:
