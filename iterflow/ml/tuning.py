@@ -210,10 +210,10 @@ class HalvingCrossValidator(CrossValidator, HalvingParams):
                         results += pool.map(target, tasks)
             scores = {j: [] for j in alive}
             for j, f, model, metric in results:
-                previous[(j, f)] = model
                 scores[j].append(float(metric))
                 if converged(model):
                     settled[(j, f)] = float(metric)
+                previous[(j, f)] = released(model)
             means = {j: float(np.mean(scores[j])) for j in alive}
             rungs.append(Rung(budget, means))
             done = budget
@@ -221,6 +221,14 @@ class HalvingCrossValidator(CrossValidator, HalvingParams):
             ranked = sorted(alive, key=lambda j: means[j], reverse=evaluator.isLargerBetter())
             alive = sorted(ranked[:keep])
         return rungs, scores
+
+
+def released(model: Any) -> Any:
+    """``model`` without its run (an iterflow model's ``result``): a rung keeps a model
+    per candidate and fold to go on from, and their runs would hold their rows' data."""
+    if getattr(model, "result", None) is not None:
+        model.result = None
+    return model
 
 
 @contextlib.contextmanager
