@@ -317,15 +317,16 @@ class ALSModel(IterativeModel, ALSModelParams):
 
     def _restore_parts(self, read: Callable[[str], list[Row]]) -> None:
         learned: dict[str, Any] = {}
-        for side, name, key in (
-            ("users", "userFactors", "userIds"),
-            ("items", "itemFactors", "itemIds"),
-        ):
+        for side, name, key in SIDES:
             rows = sorted(read(name), key=lambda row: row["id"])
             learned[key] = np.array([row["id"] for row in rows], dtype=np.int64)
             learned[side] = np.array([row["features"] for row in rows], dtype=np.float64)
         self.learned = {**learned, "half": 0}
 
+
+#: Each side of the factorization: its learned factors, MLlib's name for them (a model's
+#: property and its saved directory), and its learned ids.
+SIDES = (("users", "userFactors", "userIds"), ("items", "itemFactors", "itemIds"))
 
 FACTORS = StructType(
     [StructField("id", IntegerType()), StructField("features", ArrayType(FloatType()))]
@@ -451,10 +452,7 @@ class ALS(IterativeEstimator, ALSParams):
         """The factors of ``model`` (iterflow's or MLlib's ``ALSModel``) for the ids it
         knows; the ids only ``dataset`` has start as in a fresh fit."""
         learned = dict(self.start(dataset))
-        for side, frame, key in (
-            ("users", "userFactors", "userIds"),
-            ("items", "itemFactors", "itemIds"),
-        ):
+        for side, frame, key in SIDES:
             rows = getattr(model, frame).collect()
             if rows and len(rows[0]["features"]) != learned[side].shape[1]:
                 raise MLError(

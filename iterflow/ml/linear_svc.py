@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 from pyspark.ml.functions import array_to_vector
-from pyspark.ml.linalg import DenseVector, Vectors, VectorUDT
+from pyspark.ml.linalg import VectorUDT
 from pyspark.ml.param.shared import (
     HasFeaturesCol,
     HasFitIntercept,
@@ -32,7 +32,7 @@ from pyspark.ml.param.shared import (
     HasTol,
     HasWeightCol,
 )
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, StructField, StructType
 
@@ -82,10 +82,6 @@ class LinearSVCModel(FittedRegression, LinearSVCParams):
     def numClasses(self) -> int:
         return 2
 
-    def predictRaw(self, value: Any) -> DenseVector:
-        margin = self._point_margin(value)
-        return Vectors.dense([-margin, margin])
-
     def predict(self, value: Any) -> Any:
         """One point: 1.0 when its margin is above ``threshold``, else 0.0. A DataFrame:
         ``transform``."""
@@ -109,10 +105,6 @@ class LinearSVCModel(FittedRegression, LinearSVCParams):
             [StructField("coefficients", VectorUDT()), StructField("intercept", DoubleType())]
         )
         return spark.createDataFrame([(self.coefficients, float(self.intercept))], schema)
-
-    def _restore_data(self, rows: list[Row]) -> None:
-        self.coefficients = DenseVector(rows[0]["coefficients"].toArray())
-        self.intercept = float(rows[0]["intercept"])
 
 
 def linear_svc(

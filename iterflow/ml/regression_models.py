@@ -244,6 +244,17 @@ class FittedRegression(Model, SavedModel, Fitted):
         self.coefficients = DenseVector(learned["coefficients"])
         self.intercept = float(learned["intercept"])
 
+    def _restore_data(self, rows: list[Row]) -> None:
+        """MLlib's one row of ``coefficients`` (a Vector) and ``intercept`` (the linear
+        regression's and the linear SVM's data)."""
+        self.intercept = float(rows[0]["intercept"])
+        self.coefficients = DenseVector(rows[0]["coefficients"].toArray())
+
+    def predictRaw(self, value: Any) -> DenseVector:
+        """``[-m, m]`` of the margin ``m`` of one point, as MLlib's classifiers."""
+        margin = self._point_margin(value)
+        return Vectors.dense([-margin, margin])
+
 
 class LinearRegressionModel(FittedRegression, RegressionParams):
     """A fitted ``LinearRegression``: ``transform`` adds ``predictionCol``. Saved, it
@@ -283,10 +294,6 @@ class LinearRegressionModel(FittedRegression, RegressionParams):
             [(float(self.intercept), self.coefficients, self.scale)], schema
         )
 
-    def _restore_data(self, rows: list[Row]) -> None:
-        self.intercept = float(rows[0]["intercept"])
-        self.coefficients = DenseVector(rows[0]["coefficients"].toArray())
-
 
 class LogisticRegressionModel(FittedRegression, LogisticParams):
     """A fitted ``LogisticRegression``: ``transform`` adds ``rawPredictionCol`` (Vector
@@ -310,11 +317,6 @@ class LogisticRegressionModel(FittedRegression, LogisticParams):
     def interceptVector(self) -> DenseVector:
         """The intercept as MLlib's one-element vector (binomial)."""
         return Vectors.dense([self.intercept])
-
-    def predictRaw(self, value: Any) -> DenseVector:
-        """``[-m, m]`` for one point, as MLlib's."""
-        margin = self._point_margin(value)
-        return Vectors.dense([-margin, margin])
 
     def predictProbability(self, value: Any) -> DenseVector:
         """``[1 - p, p]`` for one point, as MLlib's."""
