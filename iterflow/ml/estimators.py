@@ -22,25 +22,96 @@ and saved format (``iterflow.ml.persistence``).
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar
 
 from pyspark.ml import Estimator
+from pyspark.ml.param import Param, Params
 from pyspark.sql import DataFrame
 
 from iterflow.ml.kmeans import KMeansModel, KMeansParams, kmeans
-from iterflow.ml.linear_svc import LinearSVCModel, LinearSVCParams, linear_svc
+from iterflow.ml.linear_svc import LinearSVCModel, LinearSVCParams
 from iterflow.ml.params import HasInitialModel, IterationOptions, keyword_params, weight_column
 from iterflow.ml.persistence import SavedEstimator
-from iterflow.ml.regression import linear_regression, logistic_regression
+from iterflow.ml.regression import fit_problem, fit_problems
 from iterflow.ml.regression_models import (
+    FittedRegression,
     LinearRegressionModel,
     LogisticParams,
     LogisticRegressionModel,
+    RegressionFit,
     RegressionParams,
 )
+from iterflow.ml.regression_problem import FitOptions
+
+
+class FitsTogether(Params):
+    """The regressions' ``fit`` and ``fitMultiple``: an Estimator says what it fits
+    (``_problem``) and its model class. ``fitMultiple`` (which ``CrossValidator``,
+    ``TrainValidationSplit`` and ``HalvingCrossValidator`` call for a fold's ParamMaps)
+    fits the ParamMaps that read the same columns together, one run on one load of the
+    rows (``iterflow.ml.regression.fit_problems``), where MLlib fits them one by one."""
+
+    model_class: ClassVar[type[FittedRegression]]
+
+    def _problem(self) -> FitOptions:
+        raise NotImplementedError
+
+    def _model(self, fit: RegressionFit) -> Any:
+        return self._copyValues(self.model_class(fit))
+
+    def _fit(self, dataset: DataFrame) -> Any:
+        return self._model(fit_problem(dataset, self._problem()))
+
+    def fitMultiple(
+        self, dataset: DataFrame, paramMaps: Sequence[dict[Param[Any], Any]]
+    ) -> Iterator[tuple[int, Any]]:
+        """``(index, model)`` for every ParamMap, from a thread-safe iterator (as
+        pyspark.ml's): the first ``next`` fits them all."""
+        copies = [self.copy(extra) for extra in paramMaps]
+
+        def fit_all() -> list[Any]:
+            fits = fit_problems(dataset, [estimator._problem() for estimator in copies])
+            return [estimator._model(fit) for estimator, fit in zip(copies, fits, strict=True)]
+
+        return Together(fit_all)
+
+    def _run_settings(self) -> dict[str, Any]:
+        """``listen`` and the other iteration options, as ``FitOptions`` holds them."""
+        options = self.getIterationOptions()  # type: ignore[attr-defined]
+        return {"listen": options.pop("listen", None), "run_options": options}
+
+
+class Together(Iterator[tuple[int, Any]]):
+    """``fitMultiple``'s iterator, safe to share between threads: the first ``next`` runs
+    ``fit_all`` (a failure is raised to every caller), each ``next`` hands out one model."""
+
+    def __init__(self, fit_all: Callable[[], list[Any]]) -> None:
+        self._fit_all = fit_all
+        self._lock = threading.Lock()
+        self._models: list[Any] | None = None
+        self._failure: BaseException | None = None
+        self._handed = 0
+
+    def __next__(self) -> tuple[int, Any]:
+        with self._lock:
+            if self._failure is not None:
+                raise self._failure
+            if self._models is None:
+                try:
+                    self._models = self._fit_all()
+                except BaseException as failure:
+                    self._failure = failure
+                    raise
+            if self._handed >= len(self._models):
+                raise StopIteration
+            index, self._handed = self._handed, self._handed + 1
+            return index, self._models[index]
 
 
 class LinearRegression(
+    FitsTogether,
     Estimator[LinearRegressionModel],
     RegressionParams,
     HasInitialModel,
@@ -80,17 +151,22 @@ class LinearRegression(
     ) -> None:
         super().__init__()
 
-    def _fit(self, dataset: DataFrame) -> LinearRegressionModel:
-        model = linear_regression(
-            dataset,
+    model_class = LinearRegressionModel
+
+    def _problem(self) -> FitOptions:
+        return FitOptions(
+            kind="linear",
             **self.fit_options(),
             initial=self.initial_model(LinearRegressionModel),
-            **self.getIterationOptions(),
+            loss_tol=None,
+            batch_fraction=1.0,
+            seed=0,
+            **self._run_settings(),
         )
-        return self._copyValues(model)
 
 
 class LogisticRegression(
+    FitsTogether,
     Estimator[LogisticRegressionModel],
     LogisticParams,
     HasInitialModel,
@@ -134,18 +210,22 @@ class LogisticRegression(
     ) -> None:
         super().__init__()
 
-    def _fit(self, dataset: DataFrame) -> LogisticRegressionModel:
-        model = logistic_regression(
-            dataset,
+    model_class = LogisticRegressionModel
+
+    def _problem(self) -> FitOptions:
+        return FitOptions(
+            kind="logistic",
             **self.fit_options(),
-            threshold=self.getThreshold(),
             initial=self.initial_model(LogisticRegressionModel),
-            **self.getIterationOptions(),
+            loss_tol=None,
+            batch_fraction=1.0,
+            seed=0,
+            **self._run_settings(),
         )
-        return self._copyValues(model)
 
 
 class LinearSVC(
+    FitsTogether,
     Estimator[LinearSVCModel],
     LinearSVCParams,
     HasInitialModel,
@@ -182,22 +262,26 @@ class LinearSVC(
     ) -> None:
         super().__init__()
 
-    def _fit(self, dataset: DataFrame) -> LinearSVCModel:
-        model = linear_svc(
-            dataset,
+    model_class = LinearSVCModel
+
+    def _problem(self) -> FitOptions:
+        return FitOptions(
+            kind="hinge",
             features=self.getFeaturesCol(),
             label=self.getLabelCol(),
             weight=weight_column(self),
+            learning_rate=1.0,
             reg=self.getRegParam(),
-            standardization=self.getStandardization(),
-            fit_intercept=self.getFitIntercept(),
             max_rounds=self.getMaxIter(),
             tol=self.getTol(),
-            threshold=self.getThreshold(),
+            loss_tol=None,
+            batch_fraction=1.0,
+            seed=0,
+            standardization=self.getStandardization(),
+            fit_intercept=self.getFitIntercept(),
             initial=self.initial_model(LinearSVCModel),
-            **self.getIterationOptions(),
+            **self._run_settings(),
         )
-        return self._copyValues(model)
 
 
 class KMeans(

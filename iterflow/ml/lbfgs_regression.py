@@ -1,15 +1,20 @@
 """The regressions with ``solver="lbfgs"``: Spark MLlib's objective, solved by
 ``iterflow.ml.lbfgs`` one evaluation per round.
 
-Round 0 is one ``itf.combine`` of ``Statistics``: per feature (and the label) the weighted
-mean and standard deviation (the weighted sample std, as MLlib's summarizer), the weight
-sum and the weight of label 1. Its output starts the optimizer. Every later round is one
-``itf.combine`` of ``Evaluation``: numpy sums the rows' loss and gradient at the
-optimizer's trial point (the same kernel as gradient descent), and ``extract_output``, on
-the driver, turns the sums into the objective and its gradient and advances the optimizer.
-Everything lives in the one-row model (statistics, optimizer state, histories), so a run
-resumed from a checkpoint continues exactly; ``running`` turns 0 when the optimizer stops,
-NaN when the objective stops being finite (a ``DivergenceError`` naming the round).
+One run fits one problem or several over the same rows (``candidates``: the ParamMaps of
+a grid that differ in the penalty, the tolerance, the rounds or the start), each with its
+own optimizer, on one load of the rows: the model has a row per candidate. Round 0 is one
+``itf.combine`` of ``Statistics``: per feature (and the label) the weighted mean and
+standard deviation (the weighted sample std, as MLlib's summarizer), the weight sum and
+the weight of label 1. Its output starts every candidate's optimizer. Every later round is
+one ``itf.combine`` of ``Evaluation``: numpy sums the rows' loss and gradient at every
+running candidate's trial point at once (the kernel of gradient descent, a matrix product
+for all of them), and ``extract_output``, on the driver, turns the sums into each
+objective and its gradient and advances each optimizer. Everything lives in the model
+rows (statistics, optimizer state, histories), so a run resumed from a checkpoint
+continues exactly; a row's ``running`` turns 0 when its optimizer stops, NaN when its
+objective stops being finite (a ``DivergenceError`` naming the round); the run ends when
+no candidate runs.
 
 The objective is MLlib's, in its standardized space: coefficients ``w_j = beta_j sigma_j``
 (a feature with sigma 0 gets coefficient 0), the intercept not penalized, and::
@@ -39,13 +44,15 @@ import iterflow as itf
 from iterflow.ml import lbfgs
 from iterflow.ml.features import PARTITION, prepared_matrix
 from iterflow.ml.regression_problem import FitOptions, loss_sums, no_rows
-from iterflow.ml.training import MLError, ModelStep, model_field, model_row
+from iterflow.ml.training import MLError, ModelStep
 
-#: The model of an L-BFGS run, one row: the coefficients in the raw space (intercept last)
-#: and the objective at them, whether the optimizer runs, the data's statistics, and the
-#: optimizer's state (``lbfgs.OptimizerState``).
+#: The model of an L-BFGS run, a row per candidate (its position in the problems fitted
+#: together): the coefficients in the raw space (intercept last) and the objective at them,
+#: whether the optimizer runs, the data's statistics, and the optimizer's state
+#: (``lbfgs.OptimizerState``).
 MODEL_SCHEMA = (
-    "coefficients ARRAY<DOUBLE>, loss DOUBLE, running DOUBLE, statistics ARRAY<DOUBLE>, "
+    "candidate INT, coefficients ARRAY<DOUBLE>, loss DOUBLE, running DOUBLE, "
+    "statistics ARRAY<DOUBLE>, "
     "x ARRAY<DOUBLE>, value DOUBLE, gradient ARRAY<DOUBLE>, direction ARRAY<DOUBLE>, "
     "trial ARRAY<DOUBLE>, steps ARRAY<DOUBLE>, gradient_changes ARRAY<DOUBLE>, "
     "search ARRAY<DOUBLE>, iteration INT, failed_once BOOLEAN, initial DOUBLE, "
@@ -57,19 +64,24 @@ STATISTICS = "statistics"
 CONSTANT_LABEL = "constant label"
 
 
-def model_table(columns: dict[str, Any]) -> pa.Table:
-    """One model row from named values (arrays become list cells)."""
-    cells = [
-        itf.vector_cell(np.asarray(columns[name], dtype=np.float64))
-        if isinstance(columns[name], np.ndarray)
-        else pa.array([columns[name]])
-        for name in NAMES
-    ]
-    return pa.table(cells, names=NAMES)
+def model_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """The model rows from named values, one dict per candidate in order (arrays become
+    list cells)."""
+    tables = []
+    for candidate, columns in enumerate(rows):
+        columns = {**columns, "candidate": candidate}
+        cells = [
+            itf.vector_cell(np.asarray(columns[name], dtype=np.float64))
+            if isinstance(columns[name], np.ndarray)
+            else pa.array([columns[name]], pa.int32() if name == "candidate" else None)
+            for name in NAMES
+        ]
+        tables.append(pa.table(cells, names=NAMES))
+    return pa.concat_tables(tables)
 
 
-def start_model(spark: SparkSession, features: int) -> DataFrame:
-    """The round-0 model: nothing measured yet."""
+def start_model(spark: SparkSession, features: int, candidates: int) -> DataFrame:
+    """The round-0 model of ``candidates`` problems: nothing measured yet."""
     state = lbfgs.begin(np.zeros(0))
     state.status = STATISTICS
     columns = {
@@ -79,7 +91,12 @@ def start_model(spark: SparkSession, features: int) -> DataFrame:
         "statistics": np.zeros(0),
         **state.columns(),
     }
-    return spark.createDataFrame(model_table(columns), MODEL_SCHEMA)
+    return spark.createDataFrame(model_table([columns] * candidates), MODEL_SCHEMA)
+
+
+def model_rows(model: pa.Table) -> list[dict[str, Any]]:
+    """The candidates' model rows, in the order of the problems fitted together."""
+    return sorted(model.to_pylist(), key=lambda row: int(row["candidate"]))
 
 
 @attrs.frozen
@@ -226,9 +243,9 @@ class Statistics(ModelStep):
     std of every feature and of the label (merged as Chan et al.: counts, means and sums
     of squared deviations). The output starts the optimizer."""
 
-    def __init__(self, options: FitOptions, features: int, loss: Any) -> None:
+    def __init__(self, problems: list[FitOptions], features: int, loss: Any) -> None:
         super().__init__(loss)
-        self.options, self.features = options, features
+        self.problems, self.features = problems, features
 
     def create_accumulator(self) -> tuple[Any, ...]:
         d = self.features + 1  # the features, then the label
@@ -260,14 +277,17 @@ class Statistics(ModelStep):
     def extract_output(self, acc: tuple[Any, ...]) -> pa.Table:
         weight, squared, positives, mean, squares = acc
         if not weight > 0:
-            raise MLError(no_rows(self.options.kind))
+            raise MLError(no_rows(self.problems[0].kind))
         denominator = weight - squared / weight if weight > 0 else 0.0
         std = np.sqrt(np.maximum(squares / denominator, 0.0)) if denominator > 0 else mean * 0
         d = self.features
         statistics = np.concatenate([[weight, positives, mean[d], std[d]], mean[:d], std[:d]])
-        objective = Objective.of(self.options, statistics)
-        state = _first_state(self.options, objective, statistics)
-        return model_table(_columns(objective, statistics, state))
+        rows = []
+        for options in self.problems:
+            objective = Objective.of(options, statistics)
+            state = _first_state(options, objective, statistics)
+            rows.append(_columns(objective, statistics, state))
+        return model_table(rows)
 
 
 def _first_state(
@@ -289,67 +309,93 @@ def _first_state(
 
 
 class Evaluation(ModelStep):
-    """One evaluation of the objective at the optimizer's trial point: the accumulator is
-    the rows' summed gradient and loss (``loss_sums``) and their weight; the output is the
-    model row after the optimizer took the evaluation (``lbfgs.advance``)."""
+    """One evaluation of every running candidate's objective at its optimizer's trial
+    point: the accumulator is the rows' summed gradients and losses (``loss_sums``, a
+    column per running candidate) and their weight; the output is the model rows after
+    each optimizer took its evaluation (``lbfgs.advance``)."""
 
-    def __init__(self, options: FitOptions, row: dict[str, Any], loss: Any) -> None:
+    def __init__(self, problems: list[FitOptions], rows: list[dict[str, Any]], loss: Any) -> None:
         super().__init__(loss)
-        self.kind = options.kind
-        self.statistics = np.array(row["statistics"], dtype=np.float64)
-        self.objective = Objective.of(options, self.statistics)
-        self.settings = _settings(options, self.objective)
-        self.state = lbfgs.OptimizerState.from_columns(row)
-        self.coefficients = self.objective.raw(self.state.trial)
+        self.kind = problems[0].kind
+        self.statistics = np.array(rows[0]["statistics"], dtype=np.float64)
+        self.objectives = [Objective.of(options, self.statistics) for options in problems]
+        self.settings = [
+            _settings(options, objective)
+            for options, objective in zip(problems, self.objectives, strict=True)
+        ]
+        self.states = [lbfgs.OptimizerState.from_columns(row) for row in rows]
+        #: The running candidates, and their trial points as raw coefficients (a column each).
+        self.active = [i for i, state in enumerate(self.states) if state.running]
+        d = self.objectives[0].features
+        self.trials = np.zeros((d + 1, len(self.active)))
+        for column, i in enumerate(self.active):
+            self.trials[:, column] = self.objectives[i].raw(self.states[i].trial)
 
     def create_accumulator(self) -> tuple[Any, ...]:
-        return np.zeros(len(self.coefficients)), 0.0, 0.0
+        return np.zeros(self.trials.shape), np.zeros(len(self.active)), 0.0
 
     def add_input(self, acc: tuple[Any, ...], batch: pa.RecordBatch) -> tuple[Any, ...]:
         gradient, loss, weight = acc
-        x = prepared_matrix(batch, "x", len(self.coefficients) - 1)
+        x = prepared_matrix(batch, "x", self.trials.shape[0] - 1)
         y, v = batch.column("y").to_numpy(), batch.column("v").to_numpy()
-        part_gradient, part_loss = loss_sums(self.kind, x, y, v, self.coefficients)
+        part_gradient, part_loss = loss_sums(self.kind, x, y, v, self.trials)
         return gradient + part_gradient, loss + part_loss, weight + float(v.sum())
 
     def extract_output(self, acc: tuple[Any, ...]) -> pa.Table:
-        sums, loss, weight = acc
-        state = self.state
-        if state.running:
-            value, gradient = self.objective.value_and_gradient(state.trial, sums, loss, weight)
-            lbfgs.advance(self.settings, state, value, gradient)
-        columns = _columns(self.objective, self.statistics, state)
-        if math.isfinite(columns["loss"]):
-            self.loss.set(columns["loss"])
-        return model_table(columns)
+        sums, losses, weight = acc
+        for column, i in enumerate(self.active):
+            state, objective = self.states[i], self.objectives[i]
+            value, gradient = objective.value_and_gradient(
+                state.trial, sums[:, column], float(losses[column]), weight
+            )
+            lbfgs.advance(self.settings[i], state, value, gradient)
+        rows = [
+            _columns(objective, self.statistics, state)
+            for objective, state in zip(self.objectives, self.states, strict=True)
+        ]
+        finite = [row["loss"] for row in rows if math.isfinite(row["loss"])]
+        if finite:
+            self.loss.set(min(finite))  # one candidate: its loss; several: the least
+        return model_table(rows)
 
 
 def lbfgs_body(
-    options: FitOptions, prepare: Callable[[pa.Table], pa.Table], dims: int
+    problems: list[FitOptions], prepare: Callable[[pa.Table], pa.Table], dims: int
 ) -> itf.IterationBody:
-    """The L-BFGS body: ``model`` (variable, one row) and ``rows`` (data) with ``dims``
-    features; round 0 measures the data, every later round is one evaluation of the
-    objective."""
+    """The L-BFGS body of ``problems`` (one kind, over the same rows): ``model`` (variable,
+    a row per problem) and ``rows`` (data) with ``dims`` features; round 0 measures the
+    data, every later round is one evaluation of every running problem's objective."""
     loss_gauge = itf.metrics.gauge("loss")
     features = dims
     numbered: dict[int, DataFrame] = {}  # as in the gradient-descent body
 
     @itf.body
     def quasi_newton(model: DataFrame, rows: DataFrame, ctx: itf.RoundContext) -> itf.Declaration:
-        row = model_row(model)  # held on the driver: no Spark job
+        held = model_rows(itf.to_arrow(model))  # held on the driver: no Spark job
         if id(rows) not in numbered:
             numbered[id(rows)] = rows.withColumn(PARTITION, F.spark_partition_id())
         step: ModelStep
-        if row["status"] == STATISTICS:
-            step = Statistics(options, features, loss_gauge)
+        if held[0]["status"] == STATISTICS:
+            step = Statistics(problems, features, loss_gauge)
         else:
-            step = Evaluation(options, row, loss_gauge)
+            step = Evaluation(problems, held, loss_gauge)
         data = ctx.columnar(numbered[id(rows)], prepare)
         new_model = itf.combine(data, step, MODEL_SCHEMA, depth=1)
         return itf.Declaration(
             feedback={"model": new_model},
             outputs={"model": new_model},
-            until=itf.converged(model_field("running"), 0.0),
+            until=itf.converged(model_total("running"), 0.0),
         )
 
     return quasi_newton
+
+
+def model_total(column: str) -> Callable[[itf.RoundEnd], float]:
+    """The sum of ``column`` over this round's model rows (read on the driver): the
+    candidates still running; NaN when one diverged."""
+
+    def value(end: itf.RoundEnd) -> float:
+        values = itf.to_arrow(end.variables["model"]).column(column).to_numpy()
+        return float(np.sum(values))
+
+    return value

@@ -63,7 +63,7 @@ from iterflow.ml.regression_problem import (
     loss_sums,
     no_rows,
 )
-from iterflow.ml.training import MLError, ModelStep, model_field, model_row, worker_errors
+from iterflow.ml.training import MLError, ModelStep, model_field, worker_errors
 
 MODEL_SCHEMA = "coefficients ARRAY<DOUBLE>, loss DOUBLE, change DOUBLE"
 
@@ -166,27 +166,82 @@ def regression_body(
     return gradient_descent
 
 
-def fit_problem(df: DataFrame, options: FitOptions) -> RegressionFit:
-    """Fit the problem ``options`` describes (linear, logistic, hinge) on ``df``'s rows."""
+@attrs.frozen
+class Problem:
+    """A problem checked against its DataFrame: the rows it reads, their features, the
+    columnar ``prepare`` step, and its options (with the initial coefficients resolved)."""
+
+    rows: DataFrame
+    spec: Features
+    features: Sequence[str] | str
+    prepare: Callable[[pa.Table], pa.Table]
+    options: FitOptions
+
+    def joins(self, other: Problem) -> bool:
+        """Whether ``other`` can be fitted in this one's run: L-BFGS on both, the same
+        kind, rows (features, label, weight, class weights) and run options."""
+        mine, theirs = self.options, other.options
+        return (
+            mine.solver == theirs.solver == "lbfgs"
+            and (mine.kind, mine.features, mine.label, mine.weight)
+            == (theirs.kind, theirs.features, theirs.label, theirs.weight)
+            and mine.class_weight == theirs.class_weight
+            and mine.listen is theirs.listen
+            and dict(mine.run_options) == dict(theirs.run_options)
+        )
+
+
+def problem_of(df: DataFrame, options: FitOptions) -> Problem:
+    """``options`` checked against ``df``: its columns, features and initial model."""
     wanted = [options.label, *([options.weight] if options.weight else [])]
     missing = [c for c in wanted if c not in df.columns]
     if missing:
         raise MLError(f"no column(s) {missing}; the columns are {df.columns}")
     who = "linear_svc()" if options.kind == "hinge" else f"{options.kind}_regression()"
     spec = features_of(df, options.features, who)
-    df = used_rows(df, [*spec.columns, options.label, options.weight], who)
+    rows = used_rows(df, [*spec.columns, options.label, options.weight], who)
     prepare = design(spec, options.label, options.weight, options.class_weight)
     if options.kind != "linear":
         prepare = binary_labels(prepare, options.label)
     features = options.features if isinstance(options.features, str) else list(options.features)
     initial = initial_coefficients(options.initial, spec.dims, who)
-    options = attrs.evolve(options, initial=initial)
-    if options.solver == "lbfgs":
-        return _fit_lbfgs(df, options, spec, features, prepare)
-    start = df.sparkSession.createDataFrame(
+    return Problem(rows, spec, features, prepare, attrs.evolve(options, initial=initial))
+
+
+def fit_problem(df: DataFrame, options: FitOptions) -> RegressionFit:
+    """Fit the problem ``options`` describes (linear, logistic, hinge) on ``df``'s rows."""
+    return fit_problems(df, [options])[0]
+
+
+def fit_problems(df: DataFrame, problems: Sequence[FitOptions]) -> list[RegressionFit]:
+    """Fit every problem on ``df``'s rows, in order. L-BFGS problems that read the same
+    rows the same way (``Problem.joins``: a grid over the penalty, the tolerance, the
+    rounds or the start) run together, one run on one load of the rows, each with its own
+    optimizer; the others run alone."""
+    checked = [problem_of(df, options) for options in problems]
+    groups: list[list[int]] = []
+    for i, problem in enumerate(checked):
+        group = next((g for g in groups if checked[g[0]].joins(problem)), None)
+        if group is None:
+            groups.append([i])
+        else:
+            group.append(i)
+    fits: dict[int, RegressionFit] = {}
+    for group in groups:
+        together = [checked[i] for i in group]
+        if together[0].options.solver == "lbfgs":
+            fits.update(zip(group, _fit_lbfgs(together), strict=True))
+        else:
+            fits[group[0]] = _fit_gd(together[0])
+    return [fits[i] for i in range(len(checked))]
+
+
+def _fit_gd(problem: Problem) -> RegressionFit:
+    options, initial = problem.options, problem.options.initial
+    start = problem.rows.sparkSession.createDataFrame(
         pa.table(
             [
-                itf.vector_cell(np.zeros(spec.dims + 1) if initial is None else initial),
+                itf.vector_cell(np.zeros(problem.spec.dims + 1) if initial is None else initial),
                 pa.array([float("nan")]),
                 pa.array([float("inf")]),
             ],
@@ -195,9 +250,9 @@ def fit_problem(df: DataFrame, options: FitOptions) -> RegressionFit:
         MODEL_SCHEMA,
     )
     iteration = (
-        itf.BoundedIteration(regression_body(options, prepare))
+        itf.BoundedIteration(regression_body(options, problem.prepare))
         .bind("model", start)
-        .bind("rows", df)
+        .bind("rows", problem.rows)
         .until(itf.max_rounds(options.max_rounds))
     )
     if options.listen is not None:
@@ -207,28 +262,29 @@ def fit_problem(df: DataFrame, options: FitOptions) -> RegressionFit:
     final = coefficients_of(result.outputs["model"])
     losses = np.array([float(p.metrics["loss"]) for p in result.history])
     return RegressionFit(
-        options.kind, final[:-1], float(final[-1]), features, result, losses, result.rounds
+        options.kind, final[:-1], float(final[-1]), problem.features, result, losses, result.rounds
     )
 
 
-def _fit_lbfgs(
-    df: DataFrame,
-    options: FitOptions,
-    spec: Features,
-    features: Sequence[str] | str,
-    prepare: Callable[[pa.Table], pa.Table],
-) -> RegressionFit:
-    start = lbfgs_regression.start_model(df.sparkSession, spec.dims)
+def _fit_lbfgs(together: list[Problem]) -> list[RegressionFit]:
+    """One L-BFGS run of problems that join (``Problem.joins``): a model row each."""
+    first = together[0]
+    problems = [problem.options for problem in together]
+    start = lbfgs_regression.start_model(first.rows.sparkSession, first.spec.dims, len(problems))
     iteration = (
-        itf.BoundedIteration(lbfgs_regression.lbfgs_body(options, prepare, spec.dims))
+        itf.BoundedIteration(lbfgs_regression.lbfgs_body(problems, first.prepare, first.spec.dims))
         .bind("model", start)
-        .bind("rows", df)
+        .bind("rows", first.rows)
     )
-    if options.listen is not None:
-        iteration = iteration.listen(options.listen)
+    if first.options.listen is not None:
+        iteration = iteration.listen(first.options.listen)
     with worker_errors():
-        result = iteration.run(**options.run_options)
-    row = model_row(result.outputs["model"])
+        result = iteration.run(**first.options.run_options)
+    rows = lbfgs_regression.model_rows(itf.to_arrow(result.outputs["model"]))
+    return [_lbfgs_fit(problem, row, result) for problem, row in zip(together, rows, strict=True)]
+
+
+def _lbfgs_fit(problem: Problem, row: dict[str, Any], result: itf.IterationResult) -> RegressionFit:
     final = np.array(row["coefficients"], dtype=np.float64)
     history = np.array(row["objective_history"], dtype=np.float64)
     if row["status"] == lbfgs.SEARCH_FAILED:
@@ -237,13 +293,13 @@ def _fit_lbfgs(
             "twice in a row (the objective may be badly scaled); the coefficients are the "
             "last accepted ones",
             itf.IterflowWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
     return RegressionFit(
-        options.kind,
+        problem.options.kind,
         final[:-1],
         float(final[-1]),
-        features,
+        problem.features,
         result,
         history,
         max(len(history) - 1, 0),

@@ -61,39 +61,45 @@ def binary_labels(
 
 def loss_sums(
     kind: str, x: np.ndarray, y: np.ndarray, v: np.ndarray, coefficients: np.ndarray
-) -> tuple[np.ndarray, float]:
+) -> tuple[Any, Any]:
     """The rows' summed loss at ``coefficients`` (intercept last) and its gradient: the
     kernel of both solvers. Linear: ``sum v (z - y)^2 / 2``; logistic: ``sum v log(1 +
     exp(-(2y-1) z))``; hinge (linear SVM): ``sum v max(0, 1 - (2y-1) z)``, with
-    ``z = x.w + b``."""
-    gradient, loss = np.zeros(len(coefficients)), 0.0
-    w, b = coefficients[:-1], coefficients[-1]
+    ``z = x.w + b``. ``coefficients`` of shape ``(d + 1, k)`` are ``k`` points evaluated in
+    one pass over the rows (problems fitted together): the gradients are then ``(d + 1, k)``
+    and the losses ``(k,)``."""
+    points = coefficients.reshape(len(coefficients), -1)
+    gradient, loss = np.zeros(points.shape), np.zeros(points.shape[1])
+    w, b = points[:-1], points[-1]
     # Block by block: a block of x stays in the cache from z = x.w to the gradient's x.T @
-    # slope, and the per-row vectors are a block long (no partition-sized temporaries).
-    step = block_rows(x.shape[1] + 4)
+    # slope, and the per-row values are a block long (no partition-sized temporaries).
+    step = block_rows(x.shape[1] + 4 * points.shape[1])
     for start in range(0, len(x), step):
         xs, ys, vs = x[start : start + step], y[start : start + step], v[start : start + step]
+        ys, vs = ys[:, None], vs[:, None]
         z = xs @ w
         z += b
         if kind == "linear":
             residual = z - ys
-            loss += 0.5 * float(np.sum(vs * residual**2))
+            loss += 0.5 * np.sum(vs * residual**2, axis=0)
             slope = vs * residual
         elif kind == "hinge":
             signed = 2.0 * ys - 1.0
             gap = 1.0 - signed * z
             inside = gap > 0.0  # a subgradient: 0 at the hinge, as MLlib's
-            loss += float(np.sum(vs * gap, where=inside))
+            loss += np.sum(vs * gap, axis=0, where=inside)
             slope = np.where(inside, -signed * vs, 0.0)
         else:
             # log(1 + exp(t)) as numpy's logaddexp(0, t) computes it, in fewer passes.
             t = (1.0 - 2.0 * ys) * z
             terms = np.log1p(np.exp(-np.abs(t)))
             terms += np.maximum(t, 0.0)
-            loss += float(np.sum(vs * terms))
+            loss += np.sum(vs * terms, axis=0)
             slope = vs * (1.0 / (1.0 + np.exp(-z)) - ys)
-        gradient[:-1] += slope @ xs
-        gradient[-1] += slope.sum()
+        gradient[:-1] += xs.T @ slope
+        gradient[-1] += slope.sum(axis=0)
+    if coefficients.ndim == 1:
+        return gradient[:, 0], float(loss[0])
     return gradient, loss
 
 

@@ -9,7 +9,9 @@ is the winner, fitted on the whole dataset with ``maxRounds`` rounds, as
 from where its previous rung's model stopped on the same fold, so a survivor pays only
 for its extra rounds; others are fitted again with the larger budget. A fit that
 converged before its budget (its run stopped by its own rule) is not fitted again: its
-metric stands in the later rungs.
+metric stands in the later rungs. A fold's candidates of a rung are fitted by the
+Estimator's ``fitMultiple``: iterflow's regressions fit them together, in one run on one
+load of the fold's rows.
 
 With ``n`` ParamMaps, ``E = ceil(log(n) / log(factor))`` rungs eliminate candidates;
 ``minRounds`` defaults to ``maxRounds / factor**E`` (at least 1) and ``maxRounds`` to the
@@ -184,30 +186,26 @@ class HalvingCrossValidator(CrossValidator, HalvingParams):
         for budget in plan:
             if rungs and len(alive) == 1:
                 break  # the last candidate standing: the winner
-
-            def run(
-                task: tuple[int, int, DataFrame, DataFrame], budget: int = budget, done: int = done
-            ) -> Any:
-                j, f, train, validation = task
-                if (j, f) in settled:  # converged before its budget: more rounds change nothing
-                    return j, f, previous[(j, f)], settled[(j, f)]
-                extra = {**maps[j], rounds: budget}
-                if warm and (j, f) in previous:
-                    initial = estimator.getParam("initialModel")
-                    extra = {**extra, rounds: budget - done, initial: previous[(j, f)]}
-                model = estimator.fit(train, extra)
-                return j, f, model, evaluator.evaluate(model.transform(validation, maps[j]))
-
             results = []
             for f, (train, validation) in enumerate(folds):
                 # One fold cached at a time, as CrossValidator does (all folds at once
                 # hold numFolds copies of the rows).
                 with cached(train) as rows, cached(validation) as held:
-                    tasks = [(j, f, rows, held) for j in alive]
-                    workers = max(1, min(self.getParallelism(), len(tasks)))
-                    with ThreadPool(processes=workers) as pool:
-                        target = inheritable_thread_target(rows.sparkSession)(run)
-                        results += pool.map(target, tasks)
+                    # A fit that converged before its budget: more rounds change nothing.
+                    results += [
+                        (j, f, previous[(j, f)], settled[(j, f)])
+                        for j in alive
+                        if (j, f) in settled
+                    ]
+                    fresh = [j for j in alive if (j, f) not in settled]
+                    extras = []
+                    for j in fresh:
+                        extra = {**maps[j], rounds: budget}
+                        if warm and (j, f) in previous:
+                            initial = estimator.getParam("initialModel")
+                            extra = {**extra, rounds: budget - done, initial: previous[(j, f)]}
+                        extras.append(extra)
+                    results += self._fold(estimator, extras, fresh, f, rows, held, evaluator, maps)
             scores = {j: [] for j in alive}
             for j, f, model, metric in results:
                 scores[j].append(float(metric))
@@ -221,6 +219,33 @@ class HalvingCrossValidator(CrossValidator, HalvingParams):
             ranked = sorted(alive, key=lambda j: means[j], reverse=evaluator.isLargerBetter())
             alive = sorted(ranked[:keep])
         return rungs, scores
+
+    def _fold(
+        self,
+        estimator: Any,
+        extras: list[dict[Param[Any], Any]],
+        candidates: list[int],
+        fold: int,
+        train: DataFrame,
+        validation: DataFrame,
+        evaluator: Any,
+        maps: Sequence[dict[Param[Any], Any]],
+    ) -> list[tuple[int, int, Model, float]]:
+        """The ``candidates`` fitted on a fold's ``train`` (with their ``extras``) and
+        evaluated on its ``validation``. ``fitMultiple``, as ``CrossValidator`` calls it:
+        iterflow's regressions fit the candidates together, on one load of the rows; the
+        evaluations run ``parallelism`` at a time."""
+        models = estimator.fitMultiple(train, extras)
+
+        def evaluated(_: int) -> tuple[int, int, Model, float]:
+            index, model = next(models)
+            j = candidates[index]
+            return j, fold, model, evaluator.evaluate(model.transform(validation, maps[j]))
+
+        workers = max(1, min(self.getParallelism(), len(candidates)))
+        with ThreadPool(processes=workers) as pool:
+            target = inheritable_thread_target(train.sparkSession)(evaluated)
+            return list(pool.map(target, range(len(candidates))))
 
 
 def released(model: Any) -> Any:
