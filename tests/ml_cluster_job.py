@@ -1,7 +1,8 @@
 """k-means, linear regression and PageRank on ``local-cluster[2,1,1024]`` (two executor
-JVMs with their own Python workers reading the Arrow files of ``RoundContext.columnar``);
-prints the results as one JSON line. Run by tests/test_ml_cluster.py in its own process:
-a process has one SparkContext."""
+JVMs with their own Python workers reading the Arrow files of ``RoundContext.columnar``),
+and the third wave's Estimators (a logistic grid fitted together, GaussianMixture, ALS,
+LinearSVC) beside MLlib's on the same cluster; prints the results as one JSON line. Run
+by tests/test_ml_cluster.py in its own process: a process has one SparkContext."""
 
 from __future__ import annotations
 
@@ -13,9 +14,20 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 import numpy as np
 import pyarrow as pa
 from child_jobs import job_session
+from pyspark.ml import classification, clustering, recommendation
+from pyspark.ml.evaluation import RegressionEvaluator
+from pyspark.ml.linalg import Vectors
+from pyspark.sql import DataFrame, SparkSession
 
 from iterflow.graph import Graph, pagerank
-from iterflow.ml import kmeans, linear_regression
+from iterflow.ml import (
+    ALS,
+    GaussianMixture,
+    LinearSVC,
+    LogisticRegression,
+    kmeans,
+    linear_regression,
+)
 
 
 def data() -> dict[str, np.ndarray]:
@@ -60,10 +72,79 @@ def main() -> None:
                 "centroids": model.centroids.tolist(),
                 "coefficients": [*fit.coefficients.tolist(), fit.intercept],
                 "ranks": {int(r["id"]): r["pagerank"] for r in ranks},
+                **third_wave(spark),
             }
         )
     )
     spark.stop()
+
+
+def third_wave(spark: SparkSession) -> dict[str, object]:
+    """iterflow's and MLlib's fits of the same data on this cluster, side by side."""
+    d = data()
+    labels = (d["x"] @ np.array([1.0, -1.0]) + 0.3 * d["y"] > 0.4).astype(float)
+    rows = vectors(spark, d["x"], labels)
+    ours, theirs = (
+        LogisticRegression().setIterationOptions(progress=False),
+        (classification.LogisticRegression()),
+    )
+    regs = [0.0, 0.01, 0.1]
+    joint = dict(ours.fitMultiple(rows, [{ours.regParam: r} for r in regs]))
+    logistic = [
+        [
+            joint[j].coefficients.toArray().tolist(),
+            theirs.fit(rows, {theirs.regParam: r}).coefficients.toArray().tolist(),
+        ]
+        for j, r in enumerate(regs)
+    ]
+    svm = [
+        LinearSVC(regParam=0.01).setIterationOptions(progress=False).fit(rows).coefficients,
+        classification.LinearSVC(regParam=0.01).fit(rows).coefficients,
+    ]
+    blobs = vectors(spark, d["points"], np.zeros(len(d["points"])))
+    options = {"k": 3, "seed": 4, "maxIter": 10, "tol": 0.0}
+    mixture = [
+        GaussianMixture(**options).setIterationOptions(progress=False).fit(blobs),
+        clustering.GaussianMixture(**options).fit(blobs),
+    ]
+    return {
+        "logistic": logistic,
+        "svm": [model.toArray().tolist() for model in svm],
+        "mixture": [model.summary.logLikelihood for model in mixture],
+        "als": factorization(spark),
+    }
+
+
+def vectors(spark: SparkSession, x: np.ndarray, label: np.ndarray) -> DataFrame:
+    rows = [(Vectors.dense(r.tolist()), float(v)) for r, v in zip(x, label, strict=True)]
+    return spark.createDataFrame(rows, ["features", "label"]).repartition(4)
+
+
+def factorization(spark: SparkSession) -> list[float]:
+    """The training RMSE of iterflow's ALS and MLlib's, rank 3, on a rank-3 matrix."""
+    rng = np.random.default_rng(5)
+    users, items = rng.normal(size=(40, 3)), rng.normal(size=(30, 3))
+    u, i = rng.integers(0, 40, 600), rng.integers(0, 30, 600)
+    ratings = (
+        spark.createDataFrame(
+            pa.table(
+                {
+                    "user": u.astype(np.int32),
+                    "item": i.astype(np.int32),
+                    "rating": np.einsum("ij,ij->i", users[u], items[i]),
+                }
+            )
+        )
+        .dropDuplicates(["user", "item"])
+        .repartition(4)
+    )
+    options = {"rank": 3, "maxIter": 10, "regParam": 0.01}
+    fits = [
+        ALS(**options).setIterationOptions(progress=False).fit(ratings),
+        recommendation.ALS(**options, seed=1).fit(ratings),
+    ]
+    rmse = RegressionEvaluator(metricName="rmse", labelCol="rating")
+    return [rmse.evaluate(model.transform(ratings)) for model in fits]
 
 
 if __name__ == "__main__":

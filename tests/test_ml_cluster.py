@@ -37,3 +37,16 @@ def test_kernels_on_two_executors_match_the_references(cluster_run: dict) -> Non
     reference = nx.pagerank(graph, tol=1e-14, max_iter=2000)
     ranks = {int(k): v for k, v in cluster_run["ranks"].items()}
     assert max(abs(ranks[v] - reference[v]) for v in reference) < 1e-6
+
+
+def test_third_wave_estimators_on_two_executors_match_mllib(cluster_run: dict) -> None:  # type: ignore[type-arg]
+    # A grid fitted together (one run, an optimizer per candidate) against MLlib's fits.
+    for joint, mllib in cluster_run["logistic"]:
+        np.testing.assert_allclose(joint, mllib, rtol=1e-4, atol=1e-5)
+    ours, theirs = cluster_run["svm"]
+    np.testing.assert_allclose(ours, theirs, atol=1e-4)
+    # The same seed: MLlib's start drawn as the JVM draws it, then the same EM.
+    ours_ll, theirs_ll = cluster_run["mixture"]
+    assert abs(ours_ll - theirs_ll) <= 1e-6 * max(1.0, abs(theirs_ll))
+    ours_rmse, theirs_rmse = cluster_run["als"]
+    assert ours_rmse <= theirs_rmse * 1.01 + 1e-3

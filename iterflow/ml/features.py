@@ -26,6 +26,9 @@ from pyspark.sql.types import ArrayType, NumericType
 from iterflow.ml.training import MLError
 
 KINDS = ("columns", "array", "vector")
+#: Up to this many features, ``Features.dot`` of an array or Vector column is written out
+#: term by term (code-generated); beyond, ``zip_with`` and ``aggregate``.
+UNROLLED_DOT = 64
 #: The column a fit adds to number every row's partition (mini-batches are drawn per
 #: partition); with the names starting ``__iterflow_`` (iterflow's columnar data), no
 #: feature, label or weight column may take it.
@@ -87,8 +90,16 @@ class Features:
             for term in terms:
                 total = total + term
             return total
+        values = self.as_array()
+        if len(weights) <= UNROLLED_DOT:
+            # Element by element: Spark generates code for it (the higher-order functions
+            # below are interpreted) and computes the array once per row.
+            total = F.lit(0.0)
+            for i, w in enumerate(weights):
+                total = total + values[i] * F.lit(float(w))
+            return total
         products = F.zip_with(
-            self.as_array(), F.array(*[F.lit(float(w)) for w in weights]), lambda x, w: x * w
+            values, F.array(*[F.lit(float(w)) for w in weights]), lambda x, w: x * w
         )
         return F.aggregate(products, F.lit(0.0), lambda acc, x: acc + x)
 

@@ -44,7 +44,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DoubleType, IntegerType, StructField, StructType
 
 import iterflow as itf
-from iterflow.ml.features import Features, features_of, matrix, used_rows
+from iterflow.ml.features import Features, block_rows, features_of, matrix, used_rows
 from iterflow.ml.iterative import IterativeEstimator, IterativeModel, Learned
 from iterflow.ml.kmeans import feature_matrix, points_of
 from iterflow.ml.params import MLParams, keyword_params, param, weight_column
@@ -77,34 +77,36 @@ class GaussianMixtureParams(
 
 @attrs.frozen
 class Components:
-    """A mixture's components, ready to score rows: each one's weight, mean, the
-    pseudo-inverse square root of its covariance and its log-normalizing constant."""
+    """A mixture's components, ready to score rows: each one's weight, the pseudo-inverse
+    square roots of the covariances side by side (``stacked``, (d, k*d): a component's
+    root padded with zero columns where its covariance is singular), the means through
+    them (``offsets``, (k*d,)) and each log-normalizing constant. One matrix product then
+    scales the rows for every component at once."""
 
     weights: np.ndarray
-    means: np.ndarray
-    roots: tuple[np.ndarray, ...]
+    stacked: np.ndarray
+    offsets: np.ndarray
     constants: np.ndarray
 
     @classmethod
     def of(cls, weights: np.ndarray, means: np.ndarray, covs: np.ndarray) -> Components:
-        roots, constants = [], []
-        d = means.shape[1]
-        for cov in covs:
+        k, d = means.shape
+        stacked, constants = np.zeros((d, k * d)), []
+        for i, cov in enumerate(covs):
             values, vectors = np.linalg.eigh(cov)
             tol = EPSILON * float(values.max(initial=0.0)) * len(values)
             kept = values > tol
-            roots.append(vectors[:, kept] / np.sqrt(values[kept]))
+            stacked[:, i * d : i * d + int(kept.sum())] = vectors[:, kept] / np.sqrt(values[kept])
             constants.append(-0.5 * (d * np.log(2 * np.pi) + float(np.log(values[kept]).sum())))
-        return cls(weights, means, tuple(roots), np.array(constants))
+        offsets = np.einsum("ki,kij->kj", means, stacked.reshape(d, k, d).transpose(1, 0, 2))
+        return cls(weights, stacked, offsets.ravel(), np.array(constants))
 
     def joint(self, x: np.ndarray) -> np.ndarray:
         """``EPSILON + weight * pdf`` of every row (rows) and component (columns)."""
-        joint = np.empty((len(x), len(self.weights)))
-        for i, (mean, root) in enumerate(zip(self.means, self.roots, strict=True)):
-            scaled = (x - mean) @ root
-            log_pdf = self.constants[i] - 0.5 * np.einsum("ij,ij->i", scaled, scaled)
-            joint[:, i] = EPSILON + self.weights[i] * np.exp(log_pdf)
-        return joint
+        k = len(self.weights)
+        scaled = (x @ self.stacked - self.offsets).reshape(len(x), k, -1)
+        log_pdf = self.constants - 0.5 * np.einsum("nkd,nkd->nk", scaled, scaled)
+        return EPSILON + self.weights * np.exp(log_pdf)
 
 
 class ExpectationStep(itf.CombineFn):
@@ -124,17 +126,29 @@ class ExpectationStep(itf.CombineFn):
         return np.zeros(k), np.zeros((k, d)), np.zeros((k, d, d)), 0.0
 
     def add_input(self, acc: tuple[Any, ...], batch: pa.RecordBatch) -> tuple[Any, ...]:
-        totals, sums, squares, likelihood = acc
-        x, v = points_of(batch, self.means.shape[1])
-        joint = self.components.joint(x)
-        probability = joint.sum(axis=1)
-        share = joint / probability[:, None]
-        if v is not None:
-            share *= v[:, None]
-        likelihood += float(np.log(probability) @ (v if v is not None else np.ones(len(x))))
-        totals = totals + share.sum(axis=0)
-        sums = sums + share.T @ x
-        squares = squares + np.stack([(x * share[:, [i]]).T @ x for i in range(len(totals))])
+        totals, sums, squares = (part.copy() for part in acc[:3])
+        likelihood = acc[3]
+        k, d = self.means.shape
+        x, v = points_of(batch, d)
+        # Block by block: a block's rows, scores and weighted rows stay in the cache.
+        step = block_rows(2 * k * d + d)
+        for start in range(0, len(x), step):
+            xs = x[start : start + step]
+            joint = self.components.joint(xs)
+            probability = joint.sum(axis=1)
+            share = joint / probability[:, None]
+            logs = np.log(probability)
+            if v is not None:
+                vs = v[start : start + step]
+                share *= vs[:, None]
+                likelihood += float(logs @ vs)
+            else:
+                likelihood += float(logs.sum())
+            totals += share.sum(axis=0)
+            sums += share.T @ xs
+            # Every component's weighted outer products in one matrix product.
+            weighted = (share[:, :, None] * xs[:, None, :]).reshape(len(xs), k * d)
+            squares += (weighted.T @ xs).reshape(k, d, d)
         return totals, sums, squares, likelihood
 
     def merge_accumulators(self, accs: list[tuple[Any, ...]]) -> tuple[Any, ...]:
