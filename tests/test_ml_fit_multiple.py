@@ -1,7 +1,8 @@
 """``fitMultiple`` of the regressions: the ParamMaps of a grid fitted together in one run
 give the models of fitting them one by one; maps that read other columns or run another
 solver run apart; CrossValidator (with parallelism) and a failing fit use the shared
-iterator. The kernel evaluating several points at once against one point at a time."""
+iterator. The kernel evaluating several points at once against one point at a time, and
+Vector columns carried to Python as arrays."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pyspark.ml.linalg import Vectors
 from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 
 from iterflow.ml import LinearRegression, LinearSVC, LogisticRegression, MLError
+from iterflow.ml.features import features_of, vectors_as_arrays
 from iterflow.ml.regression_problem import loss_sums
 
 
@@ -150,3 +152,22 @@ def test_a_failed_fit_reaches_every_taker(rows):
         thread.join()
     assert len(caught) == 2
     assert all("label column 'target'" in message for message in caught)
+
+
+@pytest.mark.spark
+def test_vectors_reach_python_as_arrays_and_keep_their_checks(spark):
+    narrow = spark.createDataFrame(
+        [(Vectors.dense([1.0, 2.0]), 1.0), (Vectors.sparse(2, [1], [3.0]), 0.0)],
+        ["features", "label"],
+    )
+    spec = features_of(narrow, "features", "test")
+    assert dict(vectors_as_arrays(narrow, spec).dtypes)["features"] == "array<double>"
+    wide = spark.createDataFrame([(Vectors.sparse(5000, [3], [1.0]), 1.0)], ["features", "label"])
+    wide_spec = features_of(wide, "features", "test")
+    assert vectors_as_arrays(wide, wide_spec).schema == wide.schema  # travels by its nonzeros
+    odd = spark.createDataFrame(
+        [(Vectors.dense([1.0, 2.0]), 1.0), (Vectors.dense([1.0, 2.0, 3.0]), 0.0)],
+        ["features", "label"],
+    )
+    with pytest.raises(MLError, match="every vector must have size 2"):
+        LogisticRegression().setIterationOptions(progress=False).fit(odd)

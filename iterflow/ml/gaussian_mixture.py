@@ -44,7 +44,14 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DoubleType, IntegerType, StructField, StructType
 
 import iterflow as itf
-from iterflow.ml.features import Features, block_rows, features_of, matrix, used_rows
+from iterflow.ml.features import (
+    Features,
+    block_rows,
+    features_of,
+    matrix,
+    used_rows,
+    vectors_as_arrays,
+)
 from iterflow.ml.iterative import IterativeEstimator, IterativeModel, Learned
 from iterflow.ml.kmeans import feature_matrix, points_of
 from iterflow.ml.params import MLParams, keyword_params, param, weight_column
@@ -364,6 +371,9 @@ class GaussianMixture(IterativeEstimator, GaussianMixtureParams):
 
     def columns(self, dataset: DataFrame) -> list[str]:
         return [c for c in (self.getFeaturesCol(), weight_column(self)) if c is not None]
+
+    def rows(self, dataset: DataFrame) -> DataFrame:
+        return vectors_as_arrays(super().rows(dataset), self._spec(dataset))
 
     def preparer(self, dataset: DataFrame) -> Callable[[pa.Table], pa.Table]:
         return feature_matrix(self._spec(dataset), weight_column(self))

@@ -260,6 +260,12 @@ class IterativeEstimator(
         """The columns of ``dataset`` the rounds read (None: all of them)."""
         return None
 
+    def rows(self, dataset: DataFrame) -> DataFrame:
+        """The rows the rounds read, as Spark gives them to ``preparer``: ``columns()`` of
+        ``dataset`` by default (an override may also convert them in the JVM)."""
+        wanted = self.columns(dataset)
+        return dataset if wanted is None else dataset.select(*wanted)
+
     def rounds(self) -> int:
         """The most rounds a fit runs: ``maxIter`` by default (ALS: twice, a round per
         half of an iteration)."""
@@ -305,8 +311,7 @@ class IterativeEstimator(
         shapes = Shapes(learned)
         spark = dataset.sparkSession
         model = spark.createDataFrame(shapes.table(learned), shapes.ddl())
-        wanted = self.columns(dataset)
-        rows = dataset if wanted is None else dataset.select(*wanted)
+        rows = self.rows(dataset)
         iteration = (
             itf.BoundedIteration(self.body(shapes, self.preparer(dataset)))
             .bind("model", model)

@@ -52,6 +52,7 @@ from iterflow.ml.features import (
     matrix,
     prepared_matrix,
     used_rows,
+    vectors_as_arrays,
     weights,
 )
 from iterflow.ml.params import MLParams, TrainingSummary, choice, param
@@ -519,7 +520,7 @@ def kmeans(
     iteration = (
         itf.BoundedIteration(kmeans_body(spec, weight, tol))
         .bind("model", model)
-        .bind("points", used_rows(df, [*spec.columns, weight], "kmeans()"))
+        .bind("points", vectors_as_arrays(used_rows(df, [*spec.columns, weight], "kmeans()"), spec))
         .until(itf.max_rounds(max_rounds))
     )
     if listen is not None:

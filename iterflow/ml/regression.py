@@ -48,6 +48,7 @@ from iterflow.ml.features import (
     features_of,
     prepared_matrix,
     used_rows,
+    vectors_as_arrays,
 )
 from iterflow.ml.regression_models import (
     LinearRegressionModel,
@@ -200,6 +201,7 @@ def problem_of(df: DataFrame, options: FitOptions) -> Problem:
     who = "linear_svc()" if options.kind == "hinge" else f"{options.kind}_regression()"
     spec = features_of(df, options.features, who)
     rows = used_rows(df, [*spec.columns, options.label, options.weight], who)
+    rows = vectors_as_arrays(rows, spec)
     prepare = design(spec, options.label, options.weight, options.class_weight)
     if options.kind != "linear":
         prepare = binary_labels(prepare, options.label)
