@@ -242,7 +242,7 @@ def test_2000_unbounded_epochs_stay_flat(spark, tmp_path):
     )
     try:
         while not reached.wait(5):
-            assert query.is_active, query.exception
+            assert query.is_active, query.error
     finally:
         query.stop()
     assert len(query.history) == 100

@@ -285,7 +285,7 @@ def test_a_sink_for_an_undeclared_output_fails_the_first_epoch(spark, tmp_path):
     )
     with pytest.raises(IterflowValueError, match=r"epoch 0.*sink 'predictions' has no output"):
         query.await_termination(timeout=120)
-    assert isinstance(query.exception, IterflowValueError)
+    assert isinstance(query.error, IterflowValueError)
     assert not (tmp_path / "out").exists()
 
 

@@ -183,7 +183,7 @@ def test_a_failing_background_commit_fails_the_query(spark, tmp_path, monkeypatc
     )
     with pytest.raises(CheckpointWriteError, match="disk full"):
         query.await_termination(timeout=120)
-    assert isinstance(query.exception, CheckpointWriteError)
+    assert isinstance(query.error, CheckpointWriteError)
     assert query.status["state"] == "failed"
     assert query.status["committed_epoch"] < 2
 

@@ -109,41 +109,42 @@ class UnboundedIteration(IterationBuilder):
         event_log_progress_s: float = 5.0,
         commit_interval_s: float | None = None,
         keep_history: int | None = None,
+        query_name: str | None = None,
     ) -> UnboundedQuery:
-        """Start the streaming query; returns its handle at once.
+        """Start the streaming query; returns its handle, an ``UnboundedQuery``, at once.
 
-        ``checkpoint_location`` (required) holds Spark's streaming checkpoint and
-        iterflow's epoch log: ``start()`` again with the same location resumes
-        exactly where the last commit left off. ``available_now=True`` reads what
-        the inputs hold at start and ends once it and all work feedback are
-        processed; ``processing_time="10 seconds"`` (a duration: also ``10``, ``"10s"``,
-        a ``timedelta``; see docs/unbounded.md, "Durations") starts a micro-batch at that
-        interval; without either, micro-batches run back to back until ``stop()``.
+        ``checkpoint_location`` (required) holds Spark's streaming checkpoint and iterflow's
+        epoch log: ``start()`` again with the same location resumes exactly where the last
+        commit left off. ``available_now=True`` reads what the inputs hold at start and
+        ends once it and all work feedback are processed; ``processing_time="10 seconds"``
+        (a duration: also ``10``, ``"10s"``, a ``timedelta``; docs/unbounded.md,
+        "Durations") starts a micro-batch at that interval; without either, micro-batches
+        run back to back until ``stop()``.
 
-        New input is taken only while at most ``max_feedback_rows`` work feedback
-        rows are in flight (feedback first; default 0: all of it is processed
-        first). ``max_rows_per_epoch`` cuts large micro-batches into several
-        epochs. After a micro-batch's input, up to ``max_epochs_per_batch``
-        epochs drain feedback before Spark may start the next micro-batch.
-        ``progress_interval_s`` and ``event_log_progress_s`` sample running epochs as
-        ``BoundedIteration.run`` samples rounds.
+        New input is taken only while at most ``max_feedback_rows`` work feedback rows are
+        in flight (feedback first; default 0: all of it is processed first).
+        ``max_rows_per_epoch`` cuts large micro-batches into several epochs. After a
+        micro-batch's input, up to ``max_epochs_per_batch`` epochs drain feedback before
+        Spark may start the next micro-batch. ``progress_interval_s`` and
+        ``event_log_progress_s`` sample running epochs as ``BoundedIteration.run`` does.
 
         ``commit_interval_s=None`` commits every micro-batch before Spark does. A number
         of seconds writes commits in the background instead, at most that often, so
         epochs do not wait for them; after a crash the epochs since the last commit run
         again (file sinks still hold every row once; a callable sink needs a
         ``discard_after(epoch)`` method to, and is refused without one). It needs
-        sources that replay (files, Kafka, rate). See docs/unbounded.md,
-        "Commits that do not stall the loop"::
-
-            .start(checkpoint_location=ckpt, commit_interval_s=5)
+        sources that replay (files, Kafka, rate). See docs/unbounded.md, "Commits that
+        do not stall the loop".
 
         ``keep_history=N`` keeps the last N epochs' ``RoundProgress`` in ``query.history``
-        and in the epoch log (default None: the last 1,000, ``RECENT_EPOCHS``); the event
-        log is the full record. See docs/checkpoints.md, "How the history and the event
-        log grow".
+        and the epoch log (default: 1,000, ``RECENT_EPOCHS``; docs/checkpoints.md).
+        ``query_name`` names the stream in the Spark UI (``writeStream.queryName``)::
+
+            with iteration.start(checkpoint_location=ckpt, query_name="ranks") as query:
+                query.processAllAvailable()
         """
         location = _check_start(checkpoint_location, available_now, processing_time, progress)
+        _check_name(query_name)
         trigger_us = None if processing_time is None else _processing_time_us(processing_time)
         interval = _commit_interval(commit_interval_s)
         active, inputs = self._bound_inputs(spark)
@@ -170,6 +171,7 @@ class UnboundedIteration(IterationBuilder):
             location,
             partial(_triggered, available_now=available_now, processing_time_us=trigger_us),
             available_now=available_now,
+            query_name=query_name,
         )
 
     @property
@@ -282,6 +284,7 @@ def _started(
     triggered: Callable[[Any], Any],
     *,
     available_now: bool,
+    query_name: str | None,
 ) -> UnboundedQuery:
     """Restore ``loop`` from its epoch log and start its stream: the running query."""
     try:
@@ -293,6 +296,8 @@ def _started(
             .writeStream.foreachBatch(loop.on_batch)
             .option("checkpointLocation", f"{location}/{STREAM_DIR}")
         )
+        if query_name is not None:
+            writer = writer.queryName(query_name)
         stream = triggered(writer).start()
     except BaseException as exc:
         loop.failed(exc)
@@ -315,6 +320,11 @@ def _processing_time_us(value: Any) -> int:
     """``start(processing_time=)`` in microseconds; zero (Spark's "as fast as possible")
     is allowed, as Spark allows it."""
     return duration_us(value, "start(processing_time=)", zero=True)
+
+
+def _check_name(query_name: str | None) -> None:
+    if query_name is not None and (not isinstance(query_name, str) or not query_name):
+        raise IterflowValueError(f"start(query_name={query_name!r}): give a non-empty string")
 
 
 def _check_start(

@@ -1,4 +1,12 @@
-"""The handle of a started unbounded iteration: wait for it, stop it, watch its epochs."""
+"""The handle of a started unbounded iteration: wait for it, stop it, watch its epochs.
+
+It answers Structured Streaming's ``StreamingQuery`` names (``id``, ``runId``, ``name``,
+``isActive``, ``awaitTermination``, ``processAllAvailable``, ``stop``, ``exception()``,
+``lastProgress``, ``recentProgress``, ``status``, ``explain``), so code written for a
+streaming query runs against it, and is a context manager that stops the query on exit.
+The progress dicts are the stream's, each with an ``"iterflow"`` entry: the epochs that
+its micro-batch ran (as ``iterflow report`` and the event log show them).
+"""
 
 from __future__ import annotations
 
@@ -16,6 +24,7 @@ from iterflow.progress.display import (
     history_html,
     summary_html,
 )
+from iterflow.progress.event_log import progress_to_dict
 from iterflow.progress.table import ending
 from iterflow.reports import RoundProgress, Termination
 from iterflow.runtime.progresstrack.sampler import on_sampler_thread
@@ -118,19 +127,93 @@ class UnboundedQuery:
         return self._termination
 
     @property
+    def error(self) -> BaseException | None:
+        """The error that ended the iteration, or None (``exception()`` returns it too)."""
+        return self._error
+
     def exception(self) -> BaseException | None:
-        """The error that ended the iteration, or None."""
+        """The error that ended the iteration, or None: ``StreamingQuery.exception()``."""
         return self._error
 
     @property
     def is_active(self) -> bool:
+        """Whether the iteration still runs (``isActive``)."""
         return not self._done.is_set()
 
     @property
+    def isActive(self) -> bool:
+        return self.is_active
+
+    @property
+    def id(self) -> str:
+        """The stream's id: the same across restarts from the same checkpoint location
+        (``StreamingQuery.id``)."""
+        return str(self._stream.id)
+
+    @property
+    def runId(self) -> str:
+        """This start's id, new at every restart (``StreamingQuery.runId``)."""
+        return str(self._stream.runId)
+
+    @property
+    def name(self) -> str | None:
+        """``start(query_name=...)``: the stream's name in the Spark UI, or None."""
+        return self._stream.name
+
+    @property
+    def lastProgress(self) -> dict[str, Any] | None:
+        """The stream's progress of its last micro-batch (``StreamingQuery.lastProgress``),
+        or None before the first; its ``"iterflow"`` entry holds the epochs that
+        micro-batch ran, the committed epoch and the feedback rows in flight."""
+        last = self._stream_progress(recent=False)
+        if not last:
+            return None
+        progress = last[0]
+        loop = self._loop
+        progress["iterflow"] = {
+            **progress["iterflow"],
+            "committed_epoch": loop.committed_epoch,
+            "feedback_rows_in_flight": loop.in_flight,
+        }
+        return progress
+
+    @property
+    def recentProgress(self) -> list[dict[str, Any]]:
+        """The stream's progress of its recent micro-batches, oldest first
+        (``StreamingQuery.recentProgress``), each with the epochs it ran under
+        ``"iterflow"``."""
+        return self._stream_progress(recent=True)
+
+    def _stream_progress(self, *, recent: bool) -> list[dict[str, Any]]:
+        """The stream's progress dicts (its last one, or its recent ones), each with the
+        epochs of its micro-batch under ``"iterflow"`` (the stream is gone: none)."""
+        try:
+            if recent:
+                reports = [dict(p) for p in self._stream.recentProgress]
+            else:
+                last = self._stream.lastProgress
+                reports = [] if last is None else [dict(last)]
+        except Exception:  # the query is gone: no progress to give
+            return []
+        epochs: dict[int, list[dict[str, Any]]] = {}
+        for p in self.history:
+            if p.batch_id is not None:
+                epochs.setdefault(p.batch_id, []).append(progress_to_dict(p))
+        for report in reports:
+            report["iterflow"] = {"epochs": epochs.get(int(report.get("batchId", -1)), [])}
+        return reports
+
+    def explain(self, extended: bool = False) -> None:
+        """Print the plan of the stream's last micro-batch (``StreamingQuery.explain``)."""
+        self._stream.explain(extended)
+
+    @property
     def status(self) -> dict[str, Any]:
-        """What the iteration is doing now: state, last epoch, the epoch of the last commit
-        written whole (a restart continues after it) and whether one is being written,
-        feedback in flight, stream status."""
+        """What the iteration is doing now: the stream's status (``message``,
+        ``isDataAvailable``, ``isTriggerActive``: ``StreamingQuery.status``) and
+        iterflow's: state, last epoch, the epoch of the last commit written whole (a
+        restart continues after it) and whether one is being written, feedback in
+        flight; ``stream`` repeats the stream's status."""
         loop = self._loop
         if self._done.is_set():
             state = "failed" if self._error is not None else "terminated"
@@ -140,6 +223,7 @@ class UnboundedQuery:
         with contextlib.suppress(Exception):  # the query is gone
             stream = dict(self._stream.status)
         return {
+            **stream,
             "state": state,
             "epoch": loop.epoch,
             "committed_epoch": loop.committed_epoch,
@@ -151,11 +235,32 @@ class UnboundedQuery:
         }
 
     def await_termination(self, timeout: float | None = None) -> bool:
-        """Wait until the iteration ends; True when it has. Raises the error that failed it."""
+        """Wait until the iteration ends (at most ``timeout`` seconds); True when it has.
+        Raises the error that failed it."""
         ended = self._done.wait(timeout)
         if ended and self._error is not None:
             raise self._error
         return ended
+
+    def awaitTermination(self, timeout: float | None = None) -> bool | None:
+        """``StreamingQuery.awaitTermination``: with ``timeout`` (seconds), whether the
+        iteration ended within it; without, waits and returns None. Raises the error that
+        failed it."""
+        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
+            raise IterflowError(f"awaitTermination(timeout={timeout!r}): use seconds, >= 0")
+        ended = self.await_termination(timeout)
+        return ended if timeout is not None else None
+
+    def processAllAvailable(self) -> None:
+        """``process_all_available()`` under StreamingQuery's name."""
+        self.process_all_available()
+
+    def __enter__(self) -> UnboundedQuery:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Stops the query (its epochs in progress finish and commit first)."""
+        self.stop()
 
     def process_all_available(self) -> None:
         """Block until the rows the inputs hold now, and the work feedback they cause, are
