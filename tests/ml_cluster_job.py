@@ -101,7 +101,10 @@ def third_wave(spark: SparkSession) -> dict[str, object]:
         LinearSVC(regParam=0.01).setIterationOptions(progress=False).fit(rows).coefficients,
         classification.LinearSVC(regParam=0.01).fit(rows).coefficients,
     ]
-    blobs = vectors(spark, d["points"], np.zeros(len(d["points"])))
+    # Cached: MLlib's start is a takeSample over the partitions, which a repartition made
+    # anew for each fit could fill in another order on a cluster.
+    blobs = vectors(spark, d["points"], np.zeros(len(d["points"]))).cache()
+    blobs.count()
     options = {"k": 3, "seed": 4, "maxIter": 10, "tol": 0.0}
     mixture = [
         GaussianMixture(**options).setIterationOptions(progress=False).fit(blobs),
