@@ -54,9 +54,20 @@ class FitsTogether(Params):
     rows (``iterflow.ml.regression.fit_problems``), where MLlib fits them one by one."""
 
     model_class: ClassVar[type[FittedRegression]]
+    kind: ClassVar[str]  # FitOptions.kind: "linear", "logistic" or "hinge"
 
     def _problem(self) -> FitOptions:
-        raise NotImplementedError
+        """What ``fit`` solves: the Params as the short form's options (``fit_options``),
+        the start from ``initialModel``, the iteration options."""
+        return FitOptions(
+            kind=self.kind,
+            **self.fit_options(),  # type: ignore[attr-defined]
+            initial=self.initial_model(self.model_class),  # type: ignore[attr-defined]
+            loss_tol=None,
+            batch_fraction=1.0,
+            seed=0,
+            **self._run_settings(),
+        )
 
     def _model(self, fit: RegressionFit) -> Any:
         return self._copyValues(self.model_class(fit))
@@ -152,17 +163,7 @@ class LinearRegression(
         super().__init__()
 
     model_class = LinearRegressionModel
-
-    def _problem(self) -> FitOptions:
-        return FitOptions(
-            kind="linear",
-            **self.fit_options(),
-            initial=self.initial_model(LinearRegressionModel),
-            loss_tol=None,
-            batch_fraction=1.0,
-            seed=0,
-            **self._run_settings(),
-        )
+    kind = "linear"
 
 
 class LogisticRegression(
@@ -211,17 +212,7 @@ class LogisticRegression(
         super().__init__()
 
     model_class = LogisticRegressionModel
-
-    def _problem(self) -> FitOptions:
-        return FitOptions(
-            kind="logistic",
-            **self.fit_options(),
-            initial=self.initial_model(LogisticRegressionModel),
-            loss_tol=None,
-            batch_fraction=1.0,
-            seed=0,
-            **self._run_settings(),
-        )
+    kind = "logistic"
 
 
 class LinearSVC(
@@ -263,25 +254,21 @@ class LinearSVC(
         super().__init__()
 
     model_class = LinearSVCModel
+    kind = "hinge"
 
-    def _problem(self) -> FitOptions:
-        return FitOptions(
-            kind="hinge",
-            features=self.getFeaturesCol(),
-            label=self.getLabelCol(),
-            weight=weight_column(self),
-            learning_rate=1.0,
-            reg=self.getRegParam(),
-            max_rounds=self.getMaxIter(),
-            tol=self.getTol(),
-            loss_tol=None,
-            batch_fraction=1.0,
-            seed=0,
-            standardization=self.getStandardization(),
-            fit_intercept=self.getFitIntercept(),
-            initial=self.initial_model(LinearSVCModel),
-            **self._run_settings(),
-        )
+    def fit_options(self) -> dict[str, Any]:
+        """The short form's options from these Params (``linear_svc``'s)."""
+        return {
+            "features": self.getFeaturesCol(),
+            "label": self.getLabelCol(),
+            "weight": weight_column(self),
+            "learning_rate": 1.0,
+            "reg": self.getRegParam(),
+            "max_rounds": self.getMaxIter(),
+            "tol": self.getTol(),
+            "standardization": self.getStandardization(),
+            "fit_intercept": self.getFitIntercept(),
+        }
 
 
 class KMeans(

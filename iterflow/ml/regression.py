@@ -192,14 +192,19 @@ class Problem:
         )
 
 
-def problem_of(df: DataFrame, options: FitOptions) -> Problem:
-    """``options`` checked against ``df``: its columns, features and initial model."""
+def problem_of(df: DataFrame, options: FitOptions, specs: dict[Any, Features]) -> Problem:
+    """``options`` checked against ``df``: its columns, features and initial model.
+    ``specs`` holds the features already read from ``df`` (``features_of`` runs a small
+    Spark job for an array or Vector column), by the columns named."""
     wanted = [options.label, *([options.weight] if options.weight else [])]
     missing = [c for c in wanted if c not in df.columns]
     if missing:
         raise MLError(f"no column(s) {missing}; the columns are {df.columns}")
     who = "linear_svc()" if options.kind == "hinge" else f"{options.kind}_regression()"
-    spec = features_of(df, options.features, who)
+    named = options.features if isinstance(options.features, str) else tuple(options.features)
+    if named not in specs:
+        specs[named] = features_of(df, options.features, who)
+    spec = specs[named]
     rows = used_rows(df, [*spec.columns, options.label, options.weight], who)
     rows = vectors_as_arrays(rows, spec)
     prepare = design(spec, options.label, options.weight, options.class_weight)
@@ -220,7 +225,8 @@ def fit_problems(df: DataFrame, problems: Sequence[FitOptions]) -> list[Regressi
     rows the same way (``Problem.joins``: a grid over the penalty, the tolerance, the
     rounds or the start) run together, one run on one load of the rows, each with its own
     optimizer; the others run alone."""
-    checked = [problem_of(df, options) for options in problems]
+    specs: dict[Any, Features] = {}  # a grid's maps read the same features: read them once
+    checked = [problem_of(df, options, specs) for options in problems]
     groups: list[list[int]] = []
     for i, problem in enumerate(checked):
         group = next((g for g in groups if checked[g[0]].joins(problem)), None)
