@@ -31,7 +31,12 @@ from iterflow.errors import (
 from iterflow.progress import IterationEnd, RoundEnd, RoundListener, RoundProgress, RoundSample
 from iterflow.reports import Rollback, Termination
 from iterflow.runtime.datacache.combine import CombineFn, combine
-from iterflow.runtime.datacache.driver_variables import to_arrow, vector, vector_cell
+from iterflow.runtime.datacache.driver_variables import (
+    from_arrow,
+    to_arrow,
+    vector,
+    vector_cell,
+)
 from iterflow.runtime.spark.jvm import take_sample
 from iterflow.runtime.spark.session import session
 from iterflow.termination import Condition, converged, empty, max_rounds, until
@@ -78,6 +83,7 @@ __all__ = [
     "combine",
     "converged",
     "empty",
+    "from_arrow",
     "max_rounds",
     "metrics",
     "progress",

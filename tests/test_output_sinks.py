@@ -150,3 +150,44 @@ def test_a_callable_sinks_discard_after_must_take_an_epoch(spark: SparkSession) 
     iteration = itf.BoundedIteration(shift).bind("x", start(spark)).until(itf.max_rounds(1))
     with pytest.raises(itf.IterflowError, match=r"sink\('total'.*discard_after\(epoch\)"):
         iteration.sink("total", Mirrored())
+
+
+def test_rows_held_on_the_driver_are_written_without_a_spark_job_and_read_back_by_spark(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    import pyarrow as pa
+
+    from iterflow.runtime.checkpoint.output_sinks import PART_FILE
+
+    table = pa.table(
+        {
+            "id": pa.array([3, 1, 2], pa.int64()),
+            "name": ["c", "a", None],
+            "v": pa.array([[1.5], [], [2.0, 3.0]], pa.large_list(pa.float64())),
+        }
+    )
+    held = itf.from_arrow(table, spark=spark)
+    assert itf.to_arrow(held) is table  # the rows stay on the driver
+    sink = itf.FileSink(str(tmp_path / "out"))
+    sink.write(held, 4, 3)
+    sink.write(held, 4, 3)  # an epoch written again replaces its rows
+    assert sorted(p.name for p in (tmp_path / "out" / "epoch=4").iterdir()) == [
+        "_SUCCESS",
+        PART_FILE,
+    ]
+    back = spark.read.parquet(str(tmp_path / "out"))
+    assert back.schema["id"].dataType.simpleString() == "bigint"
+    assert back.schema["v"].dataType.simpleString() == "array<double>"
+    assert sorted(tuple(r) for r in back.collect()) == [
+        (1, "a", [], 4),
+        (2, None, [2.0, 3.0], 4),
+        (3, "c", [1.5], 4),
+    ]
+    # A format other than parquet goes through Spark's writer.
+    itf.FileSink(str(tmp_path / "json"), format="json").write(held, 0, 3)
+    assert spark.read.json(str(tmp_path / "json")).count() == 3
+
+
+def test_from_arrow_needs_a_table(spark: SparkSession) -> None:
+    with pytest.raises(itf.IterflowError, match=r"pyarrow\.Table"):
+        itf.from_arrow([1, 2], spark=spark)  # type: ignore[arg-type]

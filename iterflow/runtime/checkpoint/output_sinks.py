@@ -35,15 +35,41 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import attrs
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
 from iterflow.errors import IterflowTypeError, IterflowValueError
 from iterflow.runtime.spark.files import files_for
+from iterflow.runtime.spark.jvm import held_on_driver
 
 FORMATS = ("parquet", "json", "csv", "orc")
 EPOCH_COLUMN = "epoch"
 #: The method of a callable sink that drops what it holds of the epochs after one.
 DISCARD_HOOK = "discard_after"
+
+
+#: The one file of an epoch written from the driver.
+PART_FILE = "part-00000-driver.parquet"
+#: The key of the parquet footer under which Spark keeps a file's Spark schema.
+SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
+
+
+def parquet_bytes(table: Any, schema: StructType) -> bytes | None:
+    """``table`` as a parquet file of Spark's ``schema`` (its JSON in the footer, as Spark
+    writes it); None when the rows do not convert to that schema's Arrow types."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    try:
+        target = to_arrow_schema(schema)
+        rows = table.select(schema.fieldNames()).cast(target)
+    except (pa.ArrowException, TypeError, ValueError, KeyError):
+        return None
+    rows = rows.replace_schema_metadata({SPARK_SCHEMA_KEY: schema.json().encode()})
+    sink = pa.BufferOutputStream()
+    pq.write_table(rows, sink)
+    return bytes(sink.getvalue().to_pybytes())
 
 
 class Sink(Protocol):
@@ -85,12 +111,34 @@ class FileSink:
             files, target = files_for(df.sparkSession, self.epoch_path(epoch))
             files.delete(target)
             return
+        if self._written_from_driver(df, epoch):
+            return
         (
             df.write.mode("overwrite")
             .format(self.format)
             .options(**self.options)
             .save(self.epoch_path(epoch))
         )
+
+    def _written_from_driver(self, df: DataFrame, epoch: int) -> bool:
+        """Write rows held on the driver (``itf.from_arrow``, a small variable) as one
+        parquet file with pyarrow, as Spark's writer would lay them out (Spark's schema in
+        the footer), without a Spark job: a job over driver-side rows first ships them to
+        the JVM. False where that does not apply (another format, options, types that
+        Arrow does not map back), and Spark writes them."""
+        table = held_on_driver(df)
+        if table is None or self.format != "parquet" or self.options:
+            return False
+        data = parquet_bytes(table, df.schema)
+        if data is None:
+            return False
+        files, target = files_for(df.sparkSession, self.epoch_path(epoch))
+        files.delete(target)
+        hidden = f"{target}/_writing-{PART_FILE}"  # hidden from readers until renamed
+        files.write_bytes(hidden, data)
+        files.rename(hidden, f"{target}/{PART_FILE}")
+        files.write_bytes(f"{target}/_SUCCESS", b"")
+        return True
 
     def discard_after(self, spark: SparkSession, epoch: int) -> None:
         """Delete the epochs after ``epoch`` (the last committed one): a crashed attempt

@@ -22,7 +22,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
 from iterflow.errors import IterflowValueError
-from iterflow.runtime.spark.jvm import is_classic, is_local, lazy_local_frame
+from iterflow.runtime.spark.jvm import (
+    HELD_ATTRIBUTE,
+    held_on_driver,
+    is_classic,
+    is_local,
+    lazy_local_frame,
+)
 
 #: A variable that had at most this many rows in the previous round is collected rather
 #: than checkpointed: the next body (and a commit) reads it without a Spark job...
@@ -31,9 +37,6 @@ DRIVER_ROWS = 1_000
 DRIVER_ROWS_CONF = "spark.iterflow.driverRows"
 #: ... unless it took more than this many bytes on the driver (one row can be a long vector).
 DRIVER_BYTES = 64 << 20
-
-#: Where a DataFrame over rows held on the driver keeps them.
-_HELD_ATTRIBUTE = "_iterflow_held"
 
 
 def driver_rows(spark: SparkSession) -> int:
@@ -88,7 +91,7 @@ class DriverVariables:
 def hold_on_driver(df: DataFrame, table: pa.Table) -> DataFrame:
     """Note that ``df`` is a local DataFrame over ``table``: reading it back needs no job."""
     with contextlib.suppress(AttributeError, TypeError):  # a DataFrame that takes no attributes
-        setattr(df, _HELD_ATTRIBUTE, table)
+        setattr(df, HELD_ATTRIBUTE, table)
     return df
 
 
@@ -103,7 +106,34 @@ def held_frame(spark: SparkSession, table: pa.Table, schema: StructType) -> Data
     """
     if not is_classic(spark):
         return hold_on_driver(local_frame(spark, table, schema), table)
-    return lazy_local_frame(spark, table, schema, _HELD_ATTRIBUTE)
+    return lazy_local_frame(spark, table, schema, HELD_ATTRIBUTE)
+
+
+def from_arrow(
+    table: pa.Table, *, spark: SparkSession | None = None, schema: StructType | None = None
+) -> DataFrame:
+    """A DataFrame over the rows of a pyarrow ``table``, held on the driver: the other way
+    of ``to_arrow``. A body that computes on the driver returns its feedback with it; the
+    next round (and a commit) reads the rows back with ``to_arrow`` without a Spark job,
+    as it reads a small variable. ``schema`` (a ``StructType``) overrides the one made
+    from the table's; ``spark`` defaults to the active session.
+
+    Example, in a body::
+
+        counts = pa.table({"key": keys, "n": totals})
+        return itf.Declaration(feedback={"counts": itf.from_arrow(counts)})
+    """
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    session = spark if spark is not None else SparkSession.getActiveSession()
+    if session is None:
+        raise IterflowValueError("from_arrow(table): no active SparkSession; pass spark=")
+    if not isinstance(table, pa.Table):
+        raise IterflowValueError(
+            f"from_arrow(table): a pyarrow.Table is needed, not {type(table).__name__}"
+        )
+    kind = schema if schema is not None else from_arrow_schema(table.schema)
+    return held_frame(session, table, kind)
 
 
 def local_frame(spark: SparkSession, table: pa.Table, schema: StructType) -> DataFrame:
@@ -111,13 +141,6 @@ def local_frame(spark: SparkSession, table: pa.Table, schema: StructType) -> Dat
     # One chunk: PySpark 4.0.0's Connect client keeps only the first chunk of a table
     # (a table collected from two partitions came back with half its rows).
     return spark.createDataFrame(table.combine_chunks(), schema=schema)
-
-
-def held_on_driver(df: DataFrame) -> pa.Table | None:
-    """The rows of ``df`` when it is a DataFrame over rows held on the driver (a small
-    variable, a resident kernel's result), else None."""
-    table: pa.Table | None = getattr(df, "__dict__", {}).get(_HELD_ATTRIBUTE)
-    return table
 
 
 def to_arrow(df: DataFrame) -> pa.Table:

@@ -398,6 +398,16 @@ class _LazyLocalFrame(ClassicDataFrame):
         return made
 
 
+#: Where a DataFrame over rows held on the driver keeps them (a pyarrow Table).
+HELD_ATTRIBUTE = "_iterflow_held"
+
+
+def held_on_driver(df: DataFrame) -> Any:
+    """The rows of ``df`` (a pyarrow Table) when it is a DataFrame over rows held on the
+    driver (a small variable, a resident kernel's result), else None."""
+    return getattr(df, "__dict__", {}).get(HELD_ATTRIBUTE)
+
+
 def lazy_local_frame(
     spark: SparkSession, table: Any, schema: StructType, attribute: str
 ) -> DataFrame:
