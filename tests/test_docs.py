@@ -19,8 +19,8 @@ from pyspark.sql import SparkSession
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FRAGMENT = "<!-- fragment -->"
-PUBLIC = ["iterflow", "iterflow.graph", "iterflow.ml", "iterflow.testing"]
-PUBLIC += ["iterflow.metrics", "iterflow.progress"]
+PUBLIC = ["iterflow", "iterflow.graph", "iterflow.graph.streaming", "iterflow.ml"]
+PUBLIC += ["iterflow.testing", "iterflow.metrics", "iterflow.progress"]
 
 #: The entry points a user meets first: their docstrings show them in use.
 WITH_EXAMPLE = {
@@ -28,12 +28,14 @@ WITH_EXAMPLE = {
         "BoundedIteration", "UnboundedIteration", "IterationBody", "body", "Declaration",
         "session", "combine", "CombineFn", "FileSink", "max_rounds", "converged", "empty",
         "until", "Condition", "RoundListener", "worker_errors", "vector", "to_arrow",
+        "from_arrow",
     ],
     "iterflow.graph": [
         "Graph", "GraphFrame", "bfs", "connected_components", "label_propagation", "pagerank",
         "pagerank_body", "initial_ranks", "pregel", "shortest_paths",
         "strongly_connected_components", "weighted_shortest_paths",
     ],
+    "iterflow.graph.streaming": ["builder", "connected_components", "pagerank", "shortest_paths"],
     "iterflow.ml": [
         "kmeans", "linear_regression", "logistic_regression", "KMeans", "LinearRegression",
         "LogisticRegression",

@@ -120,3 +120,21 @@ def test_pagerank_example_ranks_like_networkx(spark: SparkSession, monkeypatch) 
     assert result.termination.reason == "converged"
     assert ranks.keys() == expected.keys()
     assert max(abs(ranks[v] - expected[v]) for v in ranks) < 1e-5
+
+
+def test_streaming_graph_example_follows_the_edges_that_come_and_go(spark: SparkSession) -> None:
+    scope = runpy.run_path(str(EXAMPLES / "streaming_graph.py"), run_name="example")
+    by_epoch: dict[int, dict[int, int]] = {}
+    for row in scope["components"].collect():
+        by_epoch.setdefault(row["epoch"], {})[row["id"]] = row["component"]
+    edges: set[tuple[int, int]] = set()
+    for epoch, (added, deleted) in enumerate(zip(scope["ADDED"], scope["DELETED"], strict=True)):
+        edges = (edges | set(added)) - set(deleted)
+        graph = nx.Graph(sorted(edges))
+        graph.add_nodes_from(v for pairs in scope["ADDED"][: epoch + 1] for e in pairs for v in e)
+        expected = {v: min(c) for c in nx.connected_components(graph) for v in c}
+        assert by_epoch[epoch] == expected
+    moved = {(r["epoch"], r["id"]) for r in scope["moves"].collect()}
+    assert moved == {(0, v) for v in range(1, 6)} | {(1, v) for v in (4, 5, 6, 7)} | {
+        (2, v) for v in (4, 5, 6, 7)
+    }

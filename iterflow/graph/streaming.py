@@ -43,6 +43,8 @@ from iterflow.graph.graphs import GraphError
 from iterflow.graph.stream_graph import StreamGraph
 from iterflow.graph.stream_updates import UPDATES, Step, check_weights
 
+__all__ = ["builder", "connected_components", "pagerank", "shortest_paths"]
+
 #: The algorithms ``builder`` knows, by name.
 ALGORITHMS = {
     "connected_components": "components",
@@ -71,6 +73,12 @@ def connected_components(
     component be computed again from its edges. ``sink`` receives ``"vertices"`` (as
     ``UnboundedIteration.sink``), ``listen`` is called after every epoch, and ``start``
     goes to ``UnboundedIteration.start`` (``checkpoint_location`` is required).
+
+    Example::
+
+        query = streaming.connected_components(
+            edges_stream, deletions=removed_stream, sink=itf.FileSink(out),
+            checkpoint_location=ckpt)
     """
     iteration = builder("connected_components", edges, vertices=vertices, deletions=deletions)
     return _started(iteration, sink, listen, start)
@@ -91,8 +99,14 @@ def pagerank(
     ``iterflow.graph.pagerank``) define it, after every micro-batch: ``"vertices"`` has
     ``id`` and ``pagerank`` (summing to 1). An edge that comes or goes moves rank from its
     source only; the residual it leaves is pushed on until every vertex's is small, so
-    that the L1 distance from the exact ranks is at most ``tol``. Other arguments as in
-    ``connected_components``.
+    that the L1 distance from the exact ranks is at most ``tol``. Output ``"changed"``
+    holds the vertices whose unscaled score moved (all ranks move a little when one does:
+    they sum to 1). Other arguments as in ``connected_components``.
+
+    Example::
+
+        query = streaming.pagerank(edges_stream, tol=1e-6, sink=itf.FileSink(out),
+                                   checkpoint_location=ckpt)
     """
     if not 0.0 < alpha < 1.0:
         raise GraphError(f"streaming pagerank(alpha={alpha}) must be between 0 and 1")
@@ -120,6 +134,11 @@ def shortest_paths(
     ``source`` cannot reach). Edges count 1 each, or the value of their column ``weight``
     (finite, non-negative). Inserting an edge again sets its weight. Other arguments as
     in ``connected_components``.
+
+    Example::
+
+        query = streaming.shortest_paths(roads_stream, "depot", weight="km",
+                                         sink=itf.FileSink(out), checkpoint_location=ckpt)
     """
     if source is None:
         raise GraphError("streaming shortest_paths(source=...) needs the id of the source")
