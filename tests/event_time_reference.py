@@ -8,14 +8,16 @@ are integer microseconds since the Unix epoch; a watermark may also be -inf or +
   is due, an epoch with no new rows runs. Once the input has ended, the watermark
   is +inf and epochs with no new rows run while anything is due.
 - The watermark after an epoch is the latest event time seen so far less
-  ``max_delay`` (-inf before any row), and never goes back; an epoch works with the
-  watermark ``W`` left by the epoch before.
+  ``max_delay`` (-inf before any row), and never goes back; an epoch classifies its
+  new rows with the watermark ``W`` left by the epoch before, and fires and evicts
+  under ``F``: the watermark after it (its own rows counted), except in the first
+  epoch, which fires under ``W`` too (the loop learns there which variables are work).
 - A new row's assignment to window ``w`` is late if ``w.end + lateness <= W``
   (nothing is late under -inf); a row without event time is late. Late assignments
   are dropped into the late rows, one per assignment; the others join the state.
-- A window (per key and bounds) fires when ``w.end <= W`` and it holds rows it has
+- A window (per key and bounds) fires when ``w.end <= F`` and it holds rows it has
   not emitted: all its rows, with pane 0 the first time, then 1, 2... (accumulating).
-- After the epoch the state keeps only the windows with ``w.end + lateness > W``.
+- After the epoch the state keeps only the windows with ``w.end + lateness > F``.
 - Sessions: windows of the same key that strictly overlap merge into one from the
   earliest start to the latest end (touching ones stay apart). A merge that changes
   a window's bounds makes a new window whose firings go on from the panes of the
@@ -124,7 +126,10 @@ class WindowStep:
         self.event_time = event_time
         self.windows: dict[Hashable, list[Window]] = {}
 
-    def epoch(self, rows: Sequence[Row], watermark: float) -> tuple[list, list]:
+    def epoch(
+        self, rows: Sequence[Row], watermark: float, firing: float | None = None
+    ) -> tuple[list, list]:
+        fire_at = watermark if firing is None else max(watermark, firing)
         late: list[tuple[int | None, int | None, Row]] = []
         added: dict[Hashable, list[Window]] = {}
         for row in rows:
@@ -142,12 +147,12 @@ class WindowStep:
         fired: list[tuple[int, int, int, Row]] = []
         for windows in self.windows.values():
             for w in windows:
-                if w.end <= watermark and w.unemitted:
+                if w.end <= fire_at and w.unemitted:
                     fired.extend((w.start, w.end, w.panes, row) for row in w.rows)
                     w.panes += 1
                     w.unemitted = False
         for key in list(self.windows):
-            kept = [w for w in self.windows[key] if w.end + self.lateness > watermark]
+            kept = [w for w in self.windows[key] if w.end + self.lateness > fire_at]
             if kept:
                 self.windows[key] = kept
             else:
@@ -231,7 +236,8 @@ def run(
     def one(rows: Sequence[Row], after: Callable[[], float]) -> None:
         nonlocal watermark
         used = watermark
-        fired, late = step.epoch(rows, used)
+        firing = after() if rows and epochs else None  # with new rows, after the first
+        fired, late = step.epoch(rows, used, firing)
         watermark = max(watermark, after())
         epochs.append(Epoch(used, tuple(fired), tuple(late), watermark, step.state_rows()))
 

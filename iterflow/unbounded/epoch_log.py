@@ -22,6 +22,7 @@ from iterflow.runtime.checkpoint.format import DriverSnapshot
 from iterflow.runtime.checkpoint.writer import Checkpointing
 from iterflow.runtime.datacache.driver_variables import local_frame
 from iterflow.runtime.round.cycle import RoundCycle
+from iterflow.runtime.spark.jvm import held_on_driver
 from iterflow.unbounded.event_time import EventTime, stored_name
 
 #: Pending variables up to this many rows are committed inside the driver state
@@ -140,6 +141,8 @@ def _packed(
     for name, df in frames.items():
         if name in small:
             table = (tables or {}).get(name)
+            if table is None:
+                table = held_on_driver(df)  # a small state collected with its epoch
             inline[name] = (df.schema.json(), df.toArrow() if table is None else table)
         else:
             written[name] = df

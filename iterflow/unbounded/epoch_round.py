@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from functools import partial
+from typing import Any
 
 import attrs
 from pyspark.sql import Column, DataFrame
@@ -74,7 +75,10 @@ class EpochRound:
             feedback_in = dict(self.cycle.variables.rows)
             events = (
                 timing.begin(
-                    epoch, partial(self.cycle.caches.cache, lifecycle="round"), inputs.values()
+                    epoch,
+                    partial(self.cycle.caches.cache, lifecycle="round"),
+                    inputs.values(),
+                    self._seen(observations) if new and self._fires_early() else None,
                 )
                 if timing is not None
                 else None
@@ -137,18 +141,32 @@ class EpochRound:
                 inputs[name] = pending.get(name, self.inputs[name])
         return inputs
 
+    def _fires_early(self) -> bool:
+        """A window step may fire under the watermark of the epoch's own new rows: the
+        iteration's variables are known (after its first epoch) and no work variable keeps
+        an event time (its rows fed back now could still belong to the window)."""
+        names = self.loop.check.variable_names
+        timed = set(self.event_time.columns) if self.event_time is not None else set()
+        return names is not None and not {n for n in names if self._is_work(n)} & timed
+
+    @staticmethod
+    def _seen(observations: Mapping[str, Any]) -> Callable[[], dict[str, Any]]:
+        """What the epoch's jobs have observed so far of each input's new rows."""
+        return lambda: {name: observed_metrics(o) for name, o in observations.items()}
+
     def _is_work(self, name: str) -> bool:
         return name not in self.state_names
 
     def _extras(
         self, events: EpochSteps, feedback: Mapping[str, DataFrame]
-    ) -> tuple[list[DataFrame], dict[int, list[Column]]]:
+    ) -> tuple[list[DataFrame], dict[int, list[Column]], set[int]]:
         """The event-time steps' new state, and the earliest event time of the work
-        feedback, to materialize and aggregate with the epoch."""
+        feedback, to materialize and aggregate with the epoch; the small states are
+        collected to the driver."""
         assert self.event_time is not None
-        targets, metrics = events.targets()
+        targets, metrics, held = events.targets()
         metrics.update(self.event_time.feedback_metrics(feedback, self._is_work))
-        return targets, metrics
+        return targets, metrics, held
 
     def watermark(self, epoch: int) -> int:
         """The epoch watermark after ``epoch``: every record that entered the loop at an

@@ -148,7 +148,7 @@ class EpochLoop:
         )
         residency = ResidentPolicy(spark, observers.tracker)
         caches = CacheRegistry(residency, changing=lambda df: changing_reason(df, self))
-        self.cycle = RoundCycle(self.loop, caches, options.driver_rows)
+        self.cycle = RoundCycle(self.loop, caches, options.driver_rows, hold_outputs=True)
         self.pending: dict[str, DataFrame] = {}  # the variables the next epoch reads
         self.epoch = -1
         self.batch_id = -1

@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -81,6 +82,10 @@ WINDOW, PANE_OUT = "window", "pane"
 WINDOW_END = "window.end"
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+#: A window step whose state had at most this many rows after the epoch before keeps its
+#: new state on the driver (collected, not checkpointed): a commit then writes it
+#: without a job of its own, as it writes small states inline.
+HELD_STATE_ROWS = 10_000
 
 log = logging.getLogger("iterflow.unbounded")
 
@@ -94,6 +99,7 @@ class PreviousStep:
     frames: Mapping[str, DataFrame]  # part -> state rows
     input_watermark: int
     output_watermark: int
+    state_rows: int = HELD_STATE_ROWS + 1  # unknown: kept in Spark
 
 
 @attrs.frozen(kw_only=True)
@@ -146,6 +152,7 @@ class EpochSteps:
         cache: Any,
         inputs: Iterable[DataFrame] = (),
         told: set[str] | None = None,
+        firing: Callable[[], int] | None = None,
     ) -> None:
         self.epoch = epoch
         self.event_columns = dict(event_columns)
@@ -158,6 +165,7 @@ class EpochSteps:
         self._inputs = list(inputs)
         self._leaves: dict[str, frozenset[int]] = {}  # "" the inputs', else a step's output's
         self._told = set() if told is None else told
+        self._firing = firing  # the loop's watermark with this epoch's rows, once read
 
     # -- building ----------------------------------------------------------------------
 
@@ -186,6 +194,7 @@ class EpochSteps:
             late_flag = late_flag | (F.col(WE) + F.lit(lateness) <= F.lit(watermark))
         counted = _observation("late")
         classified = self._checkpoint(assigned.withColumn(LATE, late_flag), counted)
+        fire_at = self._fire_at(upstream, watermark)
         fresh = (
             classified.where(~F.col(LATE))
             .drop(LATE)
@@ -196,11 +205,11 @@ class EpochSteps:
         rows = fresh if state is None else state.unionByName(fresh)
         if window.merging:
             rows = _merged(rows, keys)
-        flagged = self._cache(_fired(rows, columns, keys, watermark))
+        flagged = self._cache(_fired(rows, columns, keys, fire_at))
         output = flagged.where(F.col(FIRES)).select(
             *map(quoted, columns), _window_struct().alias(WINDOW), F.col(PANE).alias(PANE_OUT)
         )
-        keep = F.col(WE) + F.lit(lateness) > F.lit(watermark)
+        keep = F.col(WE) + F.lit(lateness) > F.lit(fire_at)
         new_state = flagged.where(keep).select(
             *map(quoted, columns),
             TS,
@@ -215,7 +224,7 @@ class EpochSteps:
             kind="window",
             spec=spec,
             upstream=upstream,
-            input_watermark=watermark,
+            input_watermark=fire_at,
             output=output,
             states={"state": new_state},
             state_metrics={
@@ -391,22 +400,35 @@ class EpochSteps:
 
     # -- the epoch's end ------------------------------------------------------------------
 
-    def targets(self) -> tuple[list[DataFrame], dict[int, list[Column]]]:
-        """The steps' new states to materialize with the epoch, and what to aggregate over
-        each one (on the same job)."""
-        frames, metrics = [], {}
+    def targets(self) -> tuple[list[DataFrame], dict[int, list[Column]], set[int]]:
+        """The steps' new states to materialize with the epoch, what to aggregate over
+        each one (on the same job), and which to collect to the driver (a window step's
+        small state: its hold and due are then read from the rows, ``_held_marks``)."""
+        frames, metrics, held = [], {}, set()
         for step in self.steps.values():
             for part, df in step.states.items():
                 frames.append(df)
-                metrics[id(df)] = step.state_metrics[part]
-        return frames, metrics
+                if self._holds(step):
+                    held.add(id(df))
+                else:
+                    metrics[id(df)] = step.state_metrics[part]
+        return frames, metrics, held
+
+    def _holds(self, step: _Step) -> bool:
+        before = self.previous.get(step.name)
+        return step.kind == "window" and before is not None and before.state_rows <= HELD_STATE_ROWS
 
     def outcomes(self, done: Materialized) -> dict[str, StepOutcome]:
         """What each step did, from the epoch's materialization ``done``."""
         outcomes = {}
         for name, step in self.steps.items():
             frames = {part: done.frames[id(df)] for part, df in step.states.items()}
-            aggregates = [done.aggregates.get(id(df), {}) for df in step.states.values()]
+            aggregates = [
+                _held_marks(done.tables[id(df)])
+                if id(df) in done.tables
+                else done.aggregates.get(id(df), {})
+                for df in step.states.values()
+            ]
             holds = [a["hold"] for a in aggregates if a.get("hold") is not None]
             dues = [a["due"] for a in aggregates if a.get("due") is not None]
             late = 0
@@ -497,13 +519,26 @@ class EpochSteps:
                 "or give the new one another name"
             )
         upstream = self._upstream(step, (df, *more))
-        watermark = self.loop_watermark
-        for name in upstream:
-            before = self.previous.get(name)
-            watermark = min(watermark, before.output_watermark if before else MIN_US)
+        watermark = self._behind(self.loop_watermark, upstream)
         if previous is not None:
             watermark = max(watermark, previous.input_watermark)  # never goes back
         return watermark, upstream
+
+    def _behind(self, loop_watermark: int, upstream: Sequence[str]) -> int:
+        """``loop_watermark``, held back by the output watermarks of the ``upstream`` steps
+        as they stood after the epoch before."""
+        watermark = loop_watermark
+        for name in upstream:
+            before = self.previous.get(name)
+            watermark = min(watermark, before.output_watermark if before else MIN_US)
+        return watermark
+
+    def _fire_at(self, upstream: Sequence[str], watermark: int) -> int:
+        """The watermark a window step fires and evicts under: its input ``watermark``, or,
+        once the epoch's first job read the new rows, the one they make (``firing``)."""
+        if self._firing is None:
+            return watermark
+        return max(watermark, self._behind(self._firing(), upstream))
 
     def _upstream(self, step: str, frames: Sequence[DataFrame]) -> tuple[str, ...]:
         """The steps before ``step`` in this epoch whose output ``frames`` read: those they
@@ -578,6 +613,15 @@ class EpochSteps:
         for checkpoint in self._checkpoints:
             release_local_checkpoint(checkpoint)
         self._checkpoints = []
+
+
+def _held_marks(table: Any) -> dict[str, Any]:
+    """A window step's hold and due (its ``state_metrics``) from its state's rows."""
+    unfired = pc.equal(table.column(PANE), 0)
+    return {
+        "hold": pc.min(pc.filter(table.column(TS), unfired)).as_py(),
+        "due": pc.min(pc.filter(table.column(WE), table.column(DIRTY))).as_py(),
+    }
 
 
 def _fired(rows: DataFrame, columns: list[str], keys: list[str], watermark: int) -> DataFrame:

@@ -32,9 +32,17 @@ stores. The loop's watermark (``watermarks["loop"]``) is the least of the loop's
 input watermark and every step's output watermark. Rows a step emits at or after
 its input watermark are never late downstream.
 
-A window fires in the first epoch whose watermark has passed its end; when an
-epoch leaves a step with a window due under its next watermark, the loop runs
-another epoch without new input (as Structured Streaming runs a no-data
+A window fires in the first epoch whose watermark has passed its end. An epoch
+with new rows already knows their latest event time when its window step runs
+(it rides on the step's first job), so the step fires (and evicts) under the
+watermark those rows make, while it still classifies the new rows as late under
+the watermark of the epoch before: a window fires in the epoch whose input made it
+due, and a row is never late for its own micro-batch (as in Structured Streaming,
+where a micro-batch's watermark is that of the ones before). When work feedback
+keeps its event time, a step fires under the epoch's own watermark only (a row fed
+back now may still belong to the window). When an epoch leaves a step with a window
+due under its next watermark (a step downstream of another, or feedback), the loop
+runs another epoch without new input (as Structured Streaming runs a no-data
 micro-batch), so chained steps fire within the micro-batch that made them due.
 """
 
@@ -43,6 +51,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 import attrs
@@ -129,15 +138,16 @@ class EventTime:
 
     # -- watermarks ----------------------------------------------------------------------
 
-    def source_watermark(self, name: str) -> int:
+    def source_watermark(self, name: str, max_seen: Mapping[str, int] | None = None) -> int:
         if self.ended:
             return MAX_US
-        seen = self.max_seen.get(name)
+        seen = (self.max_seen if max_seen is None else max_seen).get(name)
         return MIN_US if seen is None else max(MIN_US, seen - self.sources[name][1])
 
-    def _input_now(self) -> int:
-        """The loop's input watermark from what is known now (before monotonicity)."""
-        marks = [self.source_watermark(name) for name in self.sources]
+    def _input_now(self, max_seen: Mapping[str, int] | None = None) -> int:
+        """The loop's input watermark from what is known now (before monotonicity), or with
+        the latest event times ``max_seen`` instead of those of the epochs before."""
+        marks = [self.source_watermark(name, max_seen) for name in self.sources]
         if not marks:  # no input has event time: nothing advances it but the end
             marks = [MAX_US if self.ended else MIN_US]
         combined = max(marks) if self.policy == "max" else min(marks)
@@ -181,9 +191,13 @@ class EventTime:
         epoch: int,
         cache: Callable[[DataFrame], DataFrame],
         inputs: Iterable[DataFrame] = (),
+        seen: Callable[[], Mapping[str, Mapping[str, Any] | None]] | None = None,
     ) -> EpochSteps:
         """The event-time steps of epoch ``epoch``, with this epoch's watermarks; ``inputs``
-        are the DataFrames the body gets."""
+        are the DataFrames the body gets. ``seen`` reads what the epoch's jobs have
+        observed so far of each streaming input's new rows: with it, a window step fires
+        under the watermark those rows make (``firing``); None (no new rows, or work
+        feedback that keeps its event time) keeps the watermark of the epoch before."""
         self.loop_input = max(self.loop_input, self._input_now())
         previous = {
             name: PreviousStep(
@@ -192,6 +206,7 @@ class EventTime:
                 frames=self.frames.get(name, {}),
                 input_watermark=marks.input_watermark,
                 output_watermark=marks.output_watermark,
+                state_rows=marks.state_rows,
             )
             for name, marks in self.steps.items()
         }
@@ -204,7 +219,20 @@ class EventTime:
             cache=cache,
             inputs=inputs,
             told=self.told_unknown,
+            firing=None if seen is None else partial(self.firing, seen),
         )
+
+    def firing(self, seen: Callable[[], Mapping[str, Mapping[str, Any] | None]]) -> int:
+        """The loop's input watermark with the new rows observed so far in this epoch: a
+        window that it passes fires in this epoch, not in one more without input. The new
+        rows of an input that no job of the epoch has read yet do not count (a lower
+        watermark: a window fires an epoch later, never early)."""
+        max_seen = dict(self.max_seen)
+        for name, metrics in seen().items():
+            latest = (metrics or {}).get(MAX_EVENT)
+            if latest is not None and name in self.sources:
+                max_seen[name] = max(max_seen.get(name, MIN_US), int(latest))
+        return max(self.loop_input, self._input_now(max_seen))
 
     def input_metrics(self, name: str) -> list[Column]:
         """What to aggregate over the new rows of input ``name`` (its latest event time)."""

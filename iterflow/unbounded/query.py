@@ -55,6 +55,7 @@ class UnboundedQuery:
         self._available_now = available_now
         self.resumed_from: int | None = resumed_from
         self._done = threading.Event()
+        self._stopper: threading.Thread | None = None  # stops the stream, once asked
         self._error: BaseException | None = None
         self._termination: Termination | None = None
         loop.source_backlog = SourceBacklog(
@@ -306,9 +307,14 @@ class UnboundedQuery:
         """
         if not self._loop.stopping.is_set():
             self._loop.stopping.set()
-            threading.Thread(target=self._stop_stream, name="iterflow-stop", daemon=True).start()
+            self._stopper = threading.Thread(
+                target=self._stop_stream, name="iterflow-stop", daemon=True
+            )
+            self._stopper.start()
         if not self._inside():
             self._done.wait()
+            if self._stopper is not None:  # Spark's stop() returns once the stream is gone
+                self._stopper.join()
 
     def _inside(self) -> bool:
         """True on a thread the iteration runs on (or one delivering its samples): waiting

@@ -58,18 +58,51 @@ SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
 
 def parquet_bytes(table: Any, schema: StructType) -> bytes | None:
     """``table`` as a parquet file of Spark's ``schema`` (its JSON in the footer, as Spark
-    writes it); None when the rows do not convert to that schema's Arrow types."""
-    from pyspark.sql.pandas.types import to_arrow_schema
+    writes it); None when the table's Arrow types are not those Spark reads back as that
+    schema (then Spark's writer converts them)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
 
     try:
-        target = to_arrow_schema(schema)
-        rows = table.select(schema.fieldNames()).cast(target)
+        rows = table.select(schema.fieldNames())
+        same = _plain_types(rows.schema) and _shape(from_arrow_schema(rows.schema)) == _shape(
+            schema
+        )
     except (pa.ArrowException, TypeError, ValueError, KeyError):
+        return None
+    if not same:
         return None
     rows = rows.replace_schema_metadata({SPARK_SCHEMA_KEY: schema.json().encode()})
     sink = pa.BufferOutputStream()
     pq.write_table(rows, sink)
     return bytes(sink.getvalue().to_pybytes())
+
+
+def _shape(schema: StructType) -> str:
+    """A schema's names and types, without nullability."""
+    return str([(f.name, f.dataType.simpleString()) for f in schema.fields])
+
+
+def _plain_types(schema: pa.Schema) -> bool:
+    """Arrow types that parquet keeps as Spark writes them: numbers, booleans, strings,
+    binary, lists and structs of them, and timestamps with a time zone (instants)."""
+
+    def plain(kind: pa.DataType) -> bool:
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            return plain(kind.value_type)
+        if pa.types.is_struct(kind):
+            return all(plain(kind.field(i).type) for i in range(kind.num_fields))
+        if pa.types.is_timestamp(kind):
+            return kind.tz is not None
+        return bool(
+            pa.types.is_integer(kind)
+            or pa.types.is_floating(kind)
+            or pa.types.is_boolean(kind)
+            or pa.types.is_string(kind)
+            or pa.types.is_large_string(kind)
+            or pa.types.is_binary(kind)
+        )
+
+    return all(plain(field.type) for field in schema)
 
 
 class Sink(Protocol):

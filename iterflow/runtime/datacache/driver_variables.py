@@ -63,6 +63,7 @@ class DriverVariables:
     in_spark: frozenset[str] = frozenset()  # bound with on_driver=False: never held here
     rows: dict[str, int] = attrs.Factory(dict)  # of each variable in the previous round
     tables: dict[str, pa.Table] = attrs.Factory(dict)  # of those held on the driver
+    outputs: dict[str, int] = attrs.Factory(dict)  # rows of each output in the previous round
 
     def count_local(self, inputs: Mapping[str, DataFrame]) -> None:
         """Count the ``inputs`` that are rows on the driver already (local relations, such as
@@ -86,6 +87,11 @@ class DriverVariables:
             and self.rows.get(name, self.limit + 1) <= self.limit
             and (name not in self.tables or self.tables[name].nbytes <= DRIVER_BYTES)
         ]
+
+    def small_outputs(self) -> list[str]:
+        """The outputs that had at most ``limit`` rows in the previous round (none at round
+        0): those a run that holds outputs on the driver collects this round."""
+        return [name for name, rows in self.outputs.items() if rows <= self.limit]
 
 
 def hold_on_driver(df: DataFrame, table: pa.Table) -> DataFrame:

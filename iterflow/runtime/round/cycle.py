@@ -113,7 +113,9 @@ class LoopState:
 
 
 #: More targets and aggregates for a round's materialization, given its feedback.
-Extras = Callable[[Mapping[str, DataFrame]], tuple[list[DataFrame], dict[int, list[Column]]]]
+Extras = Callable[
+    [Mapping[str, DataFrame]], tuple[list[DataFrame], dict[int, list[Column]], set[int]]
+]
 
 
 @attrs.frozen
@@ -139,14 +141,16 @@ def evaluate_round(
     tracker: RoundTracker,
     on_driver: Collection[str] = (),
     extras: Extras | None = None,
+    outputs_on_driver: Collection[str] = (),
 ) -> EvaluatedRound:
     """Call ``body`` for round ``ctx.epoch``, check its Declaration with ``plan_of``, and
     materialize its feedback, outputs, criteria and convergence values (the feedback of
-    the variables named in ``on_driver`` as rows on the driver), reporting its steps to
-    the run's ``tracker``.
+    the variables named in ``on_driver``, and the outputs named in ``outputs_on_driver``,
+    as rows on the driver), reporting its steps to the run's ``tracker``.
 
     ``extras``, given the round's feedback, names more DataFrames to materialize with
-    the round (event-time steps' state) and aggregates to compute on the same jobs."""
+    the round (event-time steps' state), aggregates to compute on the same jobs, and
+    which of them (by ``id()``) to collect to the driver instead."""
     epoch = ctx.epoch
     try:
         declaration = body(inputs, ctx)
@@ -154,7 +158,7 @@ def evaluate_round(
         fail(epoch, f"body '{body.name}'", exc)
     plan = plan_of(declaration)
     feedback, outputs = plan.declaration.feedback, plan.declaration.outputs
-    more, metrics = extras(feedback) if extras is not None else ([], {})
+    more, metrics, held = extras(feedback) if extras is not None else ([], {}, set())
     try:
         done = materialize(
             targets=[*feedback.values(), *outputs.values(), *more],
@@ -162,7 +166,9 @@ def evaluate_round(
             values=[c.value for c in plan.convergence if not callable(c.value)],
             epoch=epoch,
             tracker=tracker,
-            on_driver={id(df) for name, df in feedback.items() if name in on_driver},
+            on_driver={id(df) for name, df in feedback.items() if name in on_driver}
+            | {id(df) for name, df in outputs.items() if name in outputs_on_driver}
+            | held,
             names=_step_names({**outputs, **feedback}),
             metrics=metrics,
         )
@@ -256,10 +262,15 @@ class RoundCycle:
         caches: CacheRegistry,
         driver_rows: int,
         in_spark: Collection[str] = (),
+        hold_outputs: bool = False,
     ) -> None:
         self.loop = loop
         self.caches = caches
         self.variables = DriverVariables(driver_rows, frozenset(in_spark))
+        # Outputs that were small in the round before are collected to the driver: a sink
+        # writes them without a Spark job (an unbounded run's epochs, where sinks take
+        # every output).
+        self.hold_outputs = hold_outputs
         # Live checkpoints: the previous round's, then the current round's.
         self.held: list[DataFrame] = []
         # Inputs iterflow persisted at the start (data inputs and the variables' first values).
@@ -299,12 +310,14 @@ class RoundCycle:
         ctx = RoundContext(epoch, self.loop.state, scope)
         calls = self.caches.resident_calls
         small = self.variables.small(candidates)
+        held_outputs = self.variables.small_outputs() if self.hold_outputs else ()
         evaluated = evaluate_round(
-            body, inputs, ctx, self.loop.check, plan_of, tracker, small, extras
+            body, inputs, ctx, self.loop.check, plan_of, tracker, small, extras, held_outputs
         )
         self.held.extend(evaluated.produced)  # released with the rest if this round fails
         self.variables.rows = {name: evaluated.rows[name] for name in evaluated.variables}
         self.variables.tables = evaluated.tables
+        self.variables.outputs = {name: evaluated.rows[name] for name in evaluated.outputs}
         return Round(
             epoch=epoch,
             inputs=inputs,
