@@ -22,6 +22,7 @@ from iterflow.graph.stream_graph import StreamGraph
 from iterflow.graph.stream_updates import Components, Paths, Ranks
 
 EDGES = "src long, dst long, w double"
+KINDS = {"long": "int64", "int": "int32", "double": "float64"}  # pandas dtypes of Spark types
 
 # -- the references --------------------------------------------------------------------
 
@@ -142,6 +143,32 @@ def test_shortest_paths_follow_insertions_deletions_and_new_weights(seed, deleti
         assert got == pytest.approx(exact, abs=1e-9)
 
 
+def test_a_lost_edge_above_one_made_lighter_resets_what_it_carried():
+    # d(2) = 0 through 3 -> 2 (weight 0), d(9) = 2 through 2 -> 9. One batch deletes
+    # 3 -> 2 and makes 2 -> 9 lighter: 9 and what it reaches become unreachable.
+    batches = [[(3, 2, 0.0), (2, 9, 2.0), (9, 4, 1.0)], [(2, 9, 1.0)]]
+    deletions = [[], [(3, 2)]]
+    update = Paths(source=3, distances=np.zeros(0))
+    after = edge_sets(batches, deletions)
+    for graph, edges in zip(run_updates(update, batches, deletions), after, strict=True):
+        exact = distances_of(digraph(edges, graph.ids.tolist()), 3)
+        finite = np.isfinite(update.distances)
+        got = zip(graph.ids[finite].tolist(), update.distances[finite], strict=True)
+        assert dict(got) == exact
+    assert exact == {3: 0}
+
+
+def test_an_edge_inserted_and_deleted_at_once_is_no_missing_deletion():
+    graph = StreamGraph(ids=np.zeros(0, np.int64), keys=np.zeros(0, np.int64), weights=np.zeros(0))
+    ends = graph.indices(np.array([1, 5, 2, 6]))
+    change = graph.update(
+        (ends[:2], ends[2:], np.ones(2)), (ends[[0, 1]], ends[[3, 2]]), 4
+    )  # 1 -> 2 and 5 -> 6 inserted; 1 -> 6 (never there) and 5 -> 2... deleted
+    assert change.missing == 2 and len(graph.keys) == 2
+    change = graph.update((ends[:1], ends[2:3], np.ones(1)), (ends[:1], ends[2:3]), 0)
+    assert change.missing == 0 and len(graph.keys) == 1  # 1 -> 2 inserted again and deleted
+
+
 # -- on Spark ----------------------------------------------------------------------------
 
 
@@ -149,7 +176,7 @@ def write_stream(folder: Path, batches, schema=EDGES) -> None:
     """One parquet file per micro-batch (an empty one for an empty batch)."""
     folder.mkdir(parents=True)
     fields = [field.split() for field in schema.split(", ")]
-    kinds = {name: {"long": "int64", "double": "float64"}.get(t, "object") for name, t in fields}
+    kinds = {name: KINDS.get(t, "object") for name, t in fields}
     for index, batch in enumerate(batches):
         frame = pd.DataFrame([row[: len(kinds)] for row in batch], columns=list(kinds))
         frame.astype(kinds).to_parquet(folder / f"part-{index:04d}.parquet")
@@ -288,6 +315,27 @@ def test_bad_streams_are_refused_with_the_name_of_what_is_wrong(spark, tmp_path)
         streaming.shortest_paths(edges, 1, weight="km")
     with pytest.raises(GraphError, match="alpha"):
         streaming.pagerank(edges, alpha=1.5)
+    with pytest.raises(GraphError, match="the vertex ids are integers"):
+        streaming.shortest_paths(edges, "1")
+
+
+@pytest.mark.spark
+def test_narrow_integer_ids_and_a_restart_with_other_settings(spark, tmp_path):
+    narrow = "src int, dst int, w double"
+    write_stream(tmp_path / "edges", [[(1, 2, 1.0), (2, 3, 1.0)], [(3, 4, 1.0)]], narrow)
+    edges = stream(spark, tmp_path / "edges", narrow)
+    query = streaming.shortest_paths(edges, 1, **to_the_end(tmp_path))
+    query.awaitTermination()
+    written = spark.read.parquet(str(tmp_path / "out"))
+    assert written.schema["id"].dataType.simpleString() == "int"
+    last = {r["id"]: r["distance"] for r in written.where("epoch = 1").collect()}
+    assert last == {1: 0.0, 2: 1.0, 3: 2.0, 4: 3.0}
+    # The checkpoint was made from source 1: another source is refused, not mixed in.
+    write_stream(tmp_path / "more", [[(4, 5, 1.0)]], narrow)
+    (tmp_path / "more" / "part-0000.parquet").rename(tmp_path / "edges" / "part-0002.parquet")
+    again = streaming.shortest_paths(edges, 2, **to_the_end(tmp_path))
+    with pytest.raises(itf.IterflowError, match="made with"):
+        again.awaitTermination()
 
 
 @pytest.mark.spark

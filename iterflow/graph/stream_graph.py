@@ -164,6 +164,7 @@ class StreamGraph:
         weight; a pair both inserted and deleted in one epoch is deleted."""
         gone = np.unique((deleted[0] << _SHIFT) | deleted[1])
         keys, weights = _distinct(*inserted)
+        inserted_keys = keys  # a pair inserted and deleted at once is no missing deletion
         kept = ~np.isin(keys, gone)
         keys, weights = keys[kept], weights[kept]
         at, held = _found(self.keys, keys)
@@ -186,7 +187,7 @@ class StreamGraph:
             lighter=_split(kept_keys[fell], new[fell]),
             heavier=_split(kept_keys[rose], old[rose]),
             new_vertices=new_vertices,
-            missing=int(len(gone) - found.sum()),
+            missing=int(np.count_nonzero(~found & ~np.isin(gone, inserted_keys))),
         )
 
     # -- as one row of arrays ---------------------------------------------------------

@@ -290,7 +290,10 @@ def _tight_closure(graph: StreamGraph, d: np.ndarray, seeds: np.ndarray) -> tupl
     while len(frontier):
         rounds += 1
         src, dst, w = graph.out_edges(frontier)
-        on_path = (d[src] + w == d[dst]) & ~seen[dst]
+        # ``<``: an edge added or made lighter in this epoch, whose target the relaxation
+        # after the reset reaches again; following it resets a few more vertices, never
+        # too few (a lighter edge below a lost one must not keep a stale distance).
+        on_path = (d[src] + w <= d[dst]) & ~seen[dst]
         frontier = np.unique(dst[on_path])
         seen[frontier] = True
     return np.flatnonzero(seen), rounds

@@ -11,7 +11,8 @@ written to a sink exactly once per epoch, and a restart from the same
 ``checkpoint_location`` resumes after the last committed epoch.
 
 The graph is held on the driver between epochs, as one row of arrays (the variable
-``"graph"``, committed with every epoch): about 16 bytes an edge and 24 a vertex.
+``"graph"``, committed with every epoch): 16 bytes an edge and 16 a vertex (24 for
+PageRank). A restart must give the settings the checkpoint was made with.
 
 Example::
 
@@ -27,6 +28,7 @@ more sinks or metric sinks first.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -50,6 +52,13 @@ ALGORITHMS = {
     "connected_components": "components",
     "pagerank": "pagerank",
     "shortest_paths": "paths",
+}
+#: The Arrow type of each Spark integer id type, for the output's columns.
+_ARROW_IDS: dict[type[T.DataType], pa.DataType] = {
+    T.ByteType: pa.int8(),
+    T.ShortType: pa.int16(),
+    T.IntegerType: pa.int32(),
+    T.LongType: pa.int64(),
 }
 #: Tags of the events an epoch reads in one Spark job.
 _INSERT, _DELETE, _VERTEX = 0, 1, 2
@@ -177,6 +186,8 @@ def builder(
             f"streaming.builder({algorithm!r}): the algorithms are {sorted(ALGORITHMS)}"
         )
     id_type = _checked(edges, vertices, deletions, options.get("weight"))
+    if algorithm == "shortest_paths":
+        _check_source(options.get("source"), id_type)
     streams = {"edges": edges, "deletions": deletions, "vertices": vertices}
     bound = {name: df for name, df in streams.items() if df is not None}
     body = StreamingGraphBody(ALGORITHMS[algorithm], id_type, tuple(bound), options)
@@ -230,6 +241,18 @@ def _checked(edges: Any, vertices: Any, deletions: Any, weight: str | None) -> T
     return id_type
 
 
+def _check_source(source: Any, id_type: T.DataType) -> None:
+    """The source of shortest paths is an id of the vertices' type: a string or an int."""
+    text = isinstance(id_type, T.StringType)
+    fits = isinstance(source, str) if text else isinstance(source, int)
+    if not fits or isinstance(source, bool):
+        kind = "string" if text else "integer"
+        raise GraphError(
+            f"streaming shortest_paths(source={source!r}): the vertex ids are {kind}s; give "
+            f"the source as one (no vertex could ever match it)"
+        )
+
+
 def _frame(name: str, df: Any, columns: tuple[str, ...], *, streaming: bool | None) -> None:
     if not isinstance(df, DataFrame):
         raise GraphError(f"streaming graphs take '{name}' as a DataFrame, not {type(df).__name__}")
@@ -261,6 +284,7 @@ class StreamingGraphBody(itf.IterationBody):
         self.kind = kind
         self.id_type = id_type
         self.arrow_id = pa.string() if isinstance(id_type, T.StringType) else pa.int64()
+        self.output_id = _ARROW_IDS.get(type(id_type), self.arrow_id)  # as Spark declares it
         self.streams = streams
         self.inputs = ("graph", *streams)
         self.options = {"alpha": 0.85, "tol": 1e-6, "source": None, "weight": None, **options}
@@ -293,9 +317,27 @@ class StreamingGraphBody(itf.IterationBody):
         }[self.kind]
         return cls(**empty)
 
+    @property
+    def _settings(self) -> str:
+        """What a checkpoint of this graph must have been made with (JSON)."""
+        kept = {"algorithm": self.kind, "id": self.id_type.simpleString()}
+        kept.update({k: self.options[k] for k in ("alpha", "source", "weight")})
+        return json.dumps(kept, sort_keys=True)
+
+    def _check_options(self, row: pa.Table) -> None:
+        """A restart goes on with the settings its checkpoint was made with, or stops."""
+        stored = row.column("settings")[0].as_py()
+        if stored != self._settings:
+            raise GraphError(
+                f"the checkpoint of this streaming graph was made with {stored}, and this "
+                f"start asks for {self._settings}; start again with the same arguments, "
+                "or at a new checkpoint_location"
+            )
+
     def _row(self, graph: StreamGraph, update: Any, token: int) -> pa.Table:
         columns = {
             "token": pa.array([token], pa.int64()),
+            "settings": pa.array([self._settings]),
             **graph.encoded(self.arrow_id),
             **update.encoded(),
         }
@@ -304,9 +346,11 @@ class StreamingGraphBody(itf.IterationBody):
     def __call__(self, inputs: Mapping[str, DataFrame], ctx: itf.RoundContext) -> itf.Declaration:
         row = itf.to_arrow(inputs["graph"])
         token = int(row.column("token")[0].as_py())
-        if self._held is not None and self._held[0] == token:
-            graph, update = self._held[1], self._held[2]
+        held, self._held = self._held, None  # an epoch that fails leaves nothing to reuse
+        if held is not None and held[0] == token:
+            graph, update = held[1], held[2]
         else:
+            self._check_options(row)
             graph, update = StreamGraph.decoded(row), self._update(row)
         events = self._events(inputs, first=token == 0)
         step = update.step(graph, self._change(graph, events))
@@ -375,7 +419,9 @@ class StreamingGraphBody(itf.IterationBody):
         itf.metrics.counter("changed").inc(len(step.changed))
         itf.metrics.gauge("edges").set(len(graph.keys))
         values = update.values(graph, self.arrow_id)
-        ids = pa.array(graph.ids, type=self.arrow_id)
+        if self.kind == "components":
+            values = values.cast(self.output_id)
+        ids = pa.array(graph.ids, type=self.arrow_id).cast(self.output_id)
         whole = pa.table({"id": ids, update.column: values})
         schema = T.StructType(
             [

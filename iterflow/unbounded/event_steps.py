@@ -54,7 +54,7 @@ from iterflow.runtime.round.materialize import Materialized, observe_rows
 from iterflow.runtime.round.materialize import unique_observation as _observation
 from iterflow.runtime.spark.jvm import await_observations, plan_leaves, release_local_checkpoint
 from iterflow.runtime.spark.observations import observed_metrics
-from iterflow.runtime.spark.schema import quoted, quoted_name
+from iterflow.runtime.spark.schema import has_user_type, quoted, quoted_name
 from iterflow.windows import (
     MIN_US,
     FixedWindows,
@@ -408,15 +408,18 @@ class EpochSteps:
         for step in self.steps.values():
             for part, df in step.states.items():
                 frames.append(df)
-                if self._holds(step):
+                if self._holds(step, df):
                     held.add(id(df))
                 else:
                     metrics[id(df)] = step.state_metrics[part]
         return frames, metrics, held
 
-    def _holds(self, step: _Step) -> bool:
+    def _holds(self, step: _Step, state: DataFrame) -> bool:
+        """A window step's state small after the epoch before, of types Arrow carries (a
+        user-defined type, such as an ML vector, is checkpointed in Spark all the same)."""
         before = self.previous.get(step.name)
-        return step.kind == "window" and before is not None and before.state_rows <= HELD_STATE_ROWS
+        small = before is not None and before.state_rows <= HELD_STATE_ROWS
+        return step.kind == "window" and small and not has_user_type(state.schema)
 
     def outcomes(self, done: Materialized) -> dict[str, StepOutcome]:
         """What each step did, from the epoch's materialization ``done``."""

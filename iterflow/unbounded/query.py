@@ -56,6 +56,7 @@ class UnboundedQuery:
         self.resumed_from: int | None = resumed_from
         self._done = threading.Event()
         self._stopper: threading.Thread | None = None  # stops the stream, once asked
+        self._stop_error: Exception | None = None  # what Spark's stop() raised there
         self._error: BaseException | None = None
         self._termination: Termination | None = None
         loop.source_backlog = SourceBacklog(
@@ -315,6 +316,8 @@ class UnboundedQuery:
             self._done.wait()
             if self._stopper is not None:  # Spark's stop() returns once the stream is gone
                 self._stopper.join()
+            if self._stop_error is not None:
+                raise self._stop_error
 
     def _inside(self) -> bool:
         """True on a thread the iteration runs on (or one delivering its samples): waiting
@@ -328,7 +331,10 @@ class UnboundedQuery:
     def _stop_stream(self) -> None:
         with self._loop.guard.exclusive():
             pass  # the epochs in progress finish and commit first
-        self._stream.stop()
+        try:
+            self._stream.stop()
+        except Exception as exc:  # stop() raises it in the caller's thread
+            self._stop_error = exc
 
     def __repr__(self) -> str:
         status = self.status

@@ -73,7 +73,8 @@ def parquet_bytes(table: Any, schema: StructType) -> bytes | None:
         return None
     rows = rows.replace_schema_metadata({SPARK_SCHEMA_KEY: schema.json().encode()})
     sink = pa.BufferOutputStream()
-    pq.write_table(rows, sink)
+    # Spark reads microseconds (pandas makes nanoseconds): as Spark's writer, truncate.
+    pq.write_table(rows, sink, coerce_timestamps="us", allow_truncated_timestamps=True)
     return bytes(sink.getvalue().to_pybytes())
 
 
