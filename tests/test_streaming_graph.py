@@ -7,6 +7,7 @@ stream killed with SIGKILL and restarted."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import networkx as nx
@@ -381,23 +382,49 @@ def test_a_killed_stream_restarts_and_every_epoch_is_written_once(spark, tmp_pat
     assert out["resumed_from"] >= 3 and out["termination"] == "inputs_ended"
     written = epochs_written(spark, tmp_path / "sinks" / "vertices", "component")
     # One epoch per micro-batch; the micro-batch Spark planned again after the kill may
-    # take two files of each stream (its offset log says which).
-    last_files = files_read(tmp_path / "ckpt" / "stream" / "offsets")
-    assert sorted(written) == list(range(len(last_files)))
-    assert last_files[-1] == len(batches) - 1
-    after = edge_sets(batches, deletions)
-    for epoch, last in enumerate(last_files):
-        ids = {v for b in batches[: last + 1] for s, d, _ in b for v in (s, d)}
-        assert written[epoch] == components_of(digraph(after[last], ids)), epoch
+    # take two files of a stream (its offset log says which files each one read).
+    read = files_read(tmp_path / "ckpt" / "stream")
+    assert sorted(written) == list(range(len(read)))
+    assert read[-1] == {"edges": len(batches) - 1, "deletions": len(deletions) - 1}
+    edges: set = set()
+    ids: set = set()
+    before = {"edges": -1, "deletions": -1}
+    for epoch, last in enumerate(read):
+        added = {(s, d) for b in batches[before["edges"] + 1 : last["edges"] + 1] for s, d, _ in b}
+        gone = {e for b in deletions[before["deletions"] + 1 : last["deletions"] + 1] for e in b}
+        edges = (edges | added) - gone  # in one micro-batch, a deletion wins
+        ids |= {v for e in added for v in e}
+        assert written[epoch] == components_of(digraph(dict.fromkeys(edges, 1.0), ids)), epoch
+        before = last
 
 
-def files_read(offsets: Path) -> list[int]:
-    """For each micro-batch of a query over two file streams written in step, the index
-    of the last file it read (the same in both)."""
-    last = []
+def files_read(stream: Path) -> list[dict[str, int]]:
+    """For each micro-batch of a query over the file streams "edges" and "deletions", the
+    index of the last file of each that it had read (from Spark's offset and source logs:
+    a micro-batch reads a source up to a log entry, an entry lists one file or more)."""
+    names, entries = {}, {}
+    for source in (stream / "sources").iterdir():
+        logged = {
+            int(entry.name.removesuffix(".compact")): [
+                int(n) for n in re.findall(r"part-(\d+)", entry.read_text())
+            ]
+            for entry in source.iterdir()
+            if entry.name.removesuffix(".compact").isdigit()
+        }
+        text = " ".join(
+            entry.read_text()
+            for entry in source.iterdir()
+            if entry.name.removesuffix(".compact").isdigit()
+        )
+        names[int(source.name)] = "deletions" if "/deletions/" in text else "edges"
+        entries[int(source.name)] = logged
+    read = []
+    offsets = stream / "offsets"
     for batch in sorted(int(p.name) for p in offsets.iterdir() if p.name.isdigit()):
-        lines = (offsets / str(batch)).read_text().splitlines()
-        positions = {json.loads(line)["logOffset"] for line in lines[-2:]}
-        assert len(positions) == 1
-        last.append(positions.pop())
-    return last
+        lines = (offsets / str(batch)).read_text().splitlines()[-len(names) :]
+        last = {}
+        for i, line in enumerate(lines):
+            upto = json.loads(line)["logOffset"]
+            last[names[i]] = max(f for k, files in entries[i].items() if k <= upto for f in files)
+        read.append(last)
+    return read
