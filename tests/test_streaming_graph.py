@@ -85,7 +85,7 @@ def random_stream(rng, steps, n, *, deleting, weighted):
 
 
 def run_updates(update, batches, deletions):
-    graph = StreamGraph(ids=np.zeros(0, np.int64), keys=np.zeros(0, np.int64), weights=np.zeros(0))
+    graph = StreamGraph.empty()
     for batch, gone in zip(batches, deletions, strict=True):
         ends = graph.indices(np.array([e[0] for e in batch] + [e[1] for e in batch]))
         known = graph.known(np.array([a for a, _ in gone] + [b for _, b in gone], np.int64))
@@ -160,7 +160,7 @@ def test_a_lost_edge_above_one_made_lighter_resets_what_it_carried():
 
 
 def test_an_edge_inserted_and_deleted_at_once_is_no_missing_deletion():
-    graph = StreamGraph(ids=np.zeros(0, np.int64), keys=np.zeros(0, np.int64), weights=np.zeros(0))
+    graph = StreamGraph.empty()
     ends = graph.indices(np.array([1, 5, 2, 6]))
     change = graph.update(
         (ends[:2], ends[2:], np.ones(2)), (ends[[0, 1]], ends[[3, 2]]), 4

@@ -116,39 +116,39 @@ class StreamGraph:
 
     # -- vertices --------------------------------------------------------------------
 
+    @property
+    def _indexed(self) -> pd.Index:
+        """Vertex id -> index, made again once ids were added."""
+        if self._index is None:
+            self._index = pd.Index(self.ids)
+        return self._index
+
     def indices(self, values: np.ndarray) -> np.ndarray:
         """The indices of the vertex ids ``values``, adding those not seen before."""
         if len(values) == 0:
             return np.zeros(0, np.int64)
-        if self._index is None:
-            self._index = pd.Index(self.ids)
-        codes = self._index.get_indexer(values)
+        codes = self._indexed.get_indexer(values)
         unknown = codes < 0
         if unknown.any():
             fresh = pd.unique(values[unknown])
             if self.n + len(fresh) > MAX_VERTICES:
                 raise GraphError(f"a streaming graph holds at most {MAX_VERTICES} vertices")
             self.ids = np.concatenate([self.ids, np.asarray(fresh, dtype=self.ids.dtype)])
-            self._index = pd.Index(self.ids)
-            self._starts = self._transposed = None
-            codes = self._index.get_indexer(values)
+            self._index = self._starts = self._transposed = None
+            codes = self._indexed.get_indexer(values)
         return codes.astype(np.int64)
 
     def known(self, values: np.ndarray) -> np.ndarray:
         """The indices of the vertex ids ``values``; -1 for ids not seen (added: none)."""
         if len(values) == 0 or self.n == 0:
             return np.full(len(values), -1, np.int64)
-        if self._index is None:
-            self._index = pd.Index(self.ids)
-        return self._index.get_indexer(values).astype(np.int64)
+        return self._indexed.get_indexer(values).astype(np.int64)
 
     def lookup(self, value: Any) -> int | None:
         """The index of vertex id ``value``, or None before it has been seen."""
         if self.n == 0:
             return None
-        if self._index is None:
-            self._index = pd.Index(self.ids)
-        code = int(self._index.get_indexer([value])[0])
+        code = int(self._indexed.get_indexer([value])[0])
         return None if code < 0 else code
 
     # -- edges -----------------------------------------------------------------------
@@ -162,7 +162,7 @@ class StreamGraph:
         """Merge an epoch's insertions (index arrays and weights) and deletions (index
         arrays); what changed. A pair inserted twice in one epoch keeps its smallest
         weight; a pair both inserted and deleted in one epoch is deleted."""
-        gone = np.unique((deleted[0] << _SHIFT) | deleted[1])
+        gone = np.unique(pack(*deleted))
         keys, weights = _distinct(*inserted)
         inserted_keys = keys  # a pair inserted and deleted at once is no missing deletion
         kept = ~np.isin(keys, gone)
@@ -201,6 +201,11 @@ class StreamGraph:
         }
 
     @classmethod
+    def empty(cls, kind: Any = np.int64) -> StreamGraph:
+        """A graph with no vertex yet, whose ids will be of numpy type ``kind``."""
+        return cls(ids=np.zeros(0, kind), keys=np.zeros(0, np.int64), weights=np.zeros(0))
+
+    @classmethod
     def decoded(cls, row: pa.Table) -> StreamGraph:
         """The graph that ``encoded`` wrote into ``row``."""
         ids = values_of(row, "ids")
@@ -210,6 +215,11 @@ class StreamGraph:
             keys=values_of(row, "keys").to_numpy(zero_copy_only=False).astype(np.int64),
             weights=values_of(row, "weights").to_numpy(zero_copy_only=False).astype(np.float64),
         )
+
+
+def pack(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """The keys of the edges ``src -> dst`` (vertex indices): ``src << 32 | dst``."""
+    return (src << _SHIFT) | dst
 
 
 def _found(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -224,7 +234,7 @@ def _distinct(
     src: np.ndarray, dst: np.ndarray, weights: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Sorted distinct keys of the pairs, each with its smallest weight."""
-    keys = (src << _SHIFT) | dst
+    keys = pack(src, dst)
     distinct, inverse = np.unique(keys, return_inverse=True)
     least = np.full(len(distinct), np.inf)
     np.minimum.at(least, inverse, weights)

@@ -34,7 +34,7 @@ import scipy.sparse
 from scipy.sparse.csgraph import connected_components as component_numbers
 
 from iterflow.graph.graphs import GraphError
-from iterflow.graph.stream_graph import Change, StreamGraph, cell, values_of
+from iterflow.graph.stream_graph import Change, StreamGraph, cell, pack, values_of
 
 
 @attrs.frozen
@@ -125,6 +125,10 @@ class Components:
         return {"labels": cell(pa.array(self.labels))}
 
     @classmethod
+    def empty(cls, _options: Any) -> Components:
+        return cls(labels=np.zeros(0, np.int64))
+
+    @classmethod
     def decoded(cls, row: pa.Table, _options: Any) -> Components:
         return cls(labels=_numbers(row, "labels", np.int64))
 
@@ -167,8 +171,7 @@ class Ranks:
         share = self.alpha * x[src] / degrees[src]
         delta += np.bincount(dst, weights=share, minlength=n)
         # The edges before: those now, but the added ones, and the removed ones.
-        added = (change.added[0] << 32) | change.added[1]
-        old = ~np.isin((src << 32) | dst, added)
+        old = ~np.isin(pack(src, dst), pack(change.added[0], change.added[1]))
         src = np.concatenate([src[old], change.removed[0]])
         dst = np.concatenate([dst[old], change.removed[1]])
         delta -= np.bincount(dst, weights=self.alpha * x[src] / before[src], minlength=n)
@@ -201,6 +204,10 @@ class Ranks:
 
     def encoded(self) -> dict[str, pa.Array]:
         return {"scores": cell(pa.array(self.scores)), "residuals": cell(pa.array(self.residuals))}
+
+    @classmethod
+    def empty(cls, options: Any) -> Ranks:
+        return cls(options["alpha"], options["tol"], np.zeros(0), np.zeros(0))
 
     @classmethod
     def decoded(cls, row: pa.Table, options: Any) -> Ranks:
@@ -262,6 +269,10 @@ class Paths:
 
     def encoded(self) -> dict[str, pa.Array]:
         return {"distances": cell(pa.array(self.distances))}
+
+    @classmethod
+    def empty(cls, options: Any) -> Paths:
+        return cls(source=options["source"], distances=np.zeros(0))
 
     @classmethod
     def decoded(cls, row: pa.Table, options: Any) -> Paths:

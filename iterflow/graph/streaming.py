@@ -296,26 +296,9 @@ class StreamingGraphBody(itf.IterationBody):
 
     def initial(self, spark: SparkSession) -> DataFrame:
         """The state before the first epoch: an empty graph, token 0."""
-        kind = np.int64 if self.arrow_id == pa.int64() else object
-        graph = StreamGraph(ids=np.zeros(0, kind), keys=np.zeros(0, np.int64), weights=np.zeros(0))
-        update = self._update(None)
+        graph = StreamGraph.empty(np.int64 if self.arrow_id == pa.int64() else object)
+        update = UPDATES[self.kind].empty(self.options)
         return itf.from_arrow(self._row(graph, update, 0), spark=spark)
-
-    def _update(self, row: pa.Table | None) -> Any:
-        cls = UPDATES[self.kind]
-        if row is not None:
-            return cls.decoded(row, self.options)
-        empty = {
-            "components": {"labels": np.zeros(0, np.int64)},
-            "pagerank": {
-                "alpha": self.options["alpha"],
-                "tol": self.options["tol"],
-                "scores": np.zeros(0),
-                "residuals": np.zeros(0),
-            },
-            "paths": {"source": self.options["source"], "distances": np.zeros(0)},
-        }[self.kind]
-        return cls(**empty)
 
     @property
     def _settings(self) -> str:
@@ -351,15 +334,15 @@ class StreamingGraphBody(itf.IterationBody):
             graph, update = held[1], held[2]
         else:
             self._check_options(row)
-            graph, update = StreamGraph.decoded(row), self._update(row)
+            graph, update = StreamGraph.decoded(row), UPDATES[self.kind].decoded(row, self.options)
         events = self._events(inputs, first=token == 0)
         step = update.step(graph, self._change(graph, events))
         token = int.from_bytes(os.urandom(8), "big") >> 1 or 1
         self._held = (token, graph, update)
-        state = itf.from_arrow(self._row(graph, update, token), spark=_spark_of(inputs))
+        spark = _spark_of(inputs)
+        state = itf.from_arrow(self._row(graph, update, token), spark=spark)
         return itf.Declaration(
-            feedback={"graph": state},
-            outputs=self._outputs(graph, update, step, _spark_of(inputs)),
+            feedback={"graph": state}, outputs=self._outputs(graph, update, step, spark)
         )
 
     def _events(self, inputs: Mapping[str, DataFrame], first: bool) -> pa.Table:

@@ -227,12 +227,7 @@ class EventTime:
         window that it passes fires in this epoch, not in one more without input. The new
         rows of an input that no job of the epoch has read yet do not count (a lower
         watermark: a window fires an epoch later, never early)."""
-        max_seen = dict(self.max_seen)
-        for name, metrics in seen().items():
-            latest = (metrics or {}).get(MAX_EVENT)
-            if latest is not None and name in self.sources:
-                max_seen[name] = max(max_seen.get(name, MIN_US), int(latest))
-        return max(self.loop_input, self._input_now(max_seen))
+        return max(self.loop_input, self._input_now(_later(self.max_seen, seen())))
 
     def input_metrics(self, name: str) -> list[Column]:
         """What to aggregate over the new rows of input ``name`` (its latest event time)."""
@@ -261,10 +256,7 @@ class EventTime:
         work: Callable[[str], bool],
     ) -> EpochMarks:
         """Advance the watermarks after epoch ``epoch`` and keep the steps' new state."""
-        for name, metrics in inputs_seen.items():
-            latest = (metrics or {}).get(MAX_EVENT)
-            if latest is not None:
-                self.max_seen[name] = max(self.max_seen.get(name, MIN_US), int(latest))
+        self.max_seen = _later(self.max_seen, inputs_seen)
         self.feedback_min = {}
         for name, df in feedback.items():
             value = done.aggregates.get(id(df), {}).get(MIN_EVENT)
@@ -361,6 +353,19 @@ class EventTime:
             name: {part: frames[stored_name(name, part)] for part in marks.parts}
             for name, marks in self.steps.items()
         }
+
+
+def _later(
+    max_seen: Mapping[str, int], observed: Mapping[str, Mapping[str, Any] | None]
+) -> dict[str, int]:
+    """The latest event time of each input: ``max_seen``, moved on by what the epoch's
+    jobs ``observed`` of its new rows (``MAX_EVENT``; only streaming inputs have one)."""
+    later = dict(max_seen)
+    for name, metrics in observed.items():
+        latest = (metrics or {}).get(MAX_EVENT)
+        if latest is not None:
+            later[name] = max(later.get(name, MIN_US), int(latest))
+    return later
 
 
 def stored_name(step: str, part: str) -> str:

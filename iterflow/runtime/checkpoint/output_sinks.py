@@ -43,6 +43,7 @@ from pyspark.sql.types import StructType
 from iterflow.errors import IterflowTypeError, IterflowValueError
 from iterflow.runtime.spark.files import files_for
 from iterflow.runtime.spark.jvm import held_on_driver
+from iterflow.runtime.spark.schema import without_nullability
 
 FORMATS = ("parquet", "json", "csv", "orc")
 EPOCH_COLUMN = "epoch"
@@ -64,9 +65,9 @@ def parquet_bytes(table: Any, schema: StructType) -> bytes | None:
 
     try:
         rows = table.select(schema.fieldNames())
-        same = _plain_types(rows.schema) and _shape(from_arrow_schema(rows.schema)) == _shape(
-            schema
-        )
+        same = _plain_types(rows.schema) and without_nullability(
+            from_arrow_schema(rows.schema)
+        ) == without_nullability(schema)
     except (pa.ArrowException, TypeError, ValueError, KeyError):
         return None
     if not same:
@@ -76,11 +77,6 @@ def parquet_bytes(table: Any, schema: StructType) -> bytes | None:
     # Spark reads microseconds (pandas makes nanoseconds): as Spark's writer, truncate.
     pq.write_table(rows, sink, coerce_timestamps="us", allow_truncated_timestamps=True)
     return bytes(sink.getvalue().to_pybytes())
-
-
-def _shape(schema: StructType) -> str:
-    """A schema's names and types, without nullability."""
-    return str([(f.name, f.dataType.simpleString()) for f in schema.fields])
 
 
 def _plain_types(schema: pa.Schema) -> bool:
