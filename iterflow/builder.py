@@ -172,6 +172,7 @@ class IterationBuilder:
         progress_from: str | None = None,
         progress_interval_s: float = 0.5,
         event_log_progress_s: float = 5.0,
+        run_id: str | None = None,
     ) -> tuple[Checkpointing | None, RunObservers]:
         """A run's checkpointing (None without ``checkpoints``), for the body and the
         ``described_inputs`` (their fingerprint), and its observers (progress bar, event
@@ -195,6 +196,7 @@ class IterationBuilder:
                 event_log_progress_s=check_interval("event_log_progress_s", event_log_progress_s),
             ),
             static_conditions=static_conditions,
+            run_id=run_id,
         )
         return checkpointing, observers
 

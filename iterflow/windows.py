@@ -73,6 +73,12 @@ class WindowFn:
     #: Windows of the same key that overlap become one (sessions).
     merging = False
 
+    def __repr__(self) -> str:
+        """The class and its attributes: the same in every process, so that a restart (or
+        the process beside a Spark Connect server) finds the window step unchanged."""
+        fields = ", ".join(f"{k}={v!r}" for k, v in sorted(getattr(self, "__dict__", {}).items()))
+        return f"{type(self).__qualname__}({fields})"
+
     def assign_windows(self, timestamp: datetime, row: Any) -> list[tuple[datetime, datetime]]:
         raise NotImplementedError(
             f"{type(self).__name__} must define assign_windows(timestamp, row) returning "

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyspark
 import pytest
-from child_jobs import run_job
+from child_jobs import job_env, run_job
 from test_ml_kmeans import numpy_lloyd
 from test_ml_regression import newton_logistic
 
@@ -127,6 +127,31 @@ CORE = [
 ]
 
 
+def run_remote(files: list[str]) -> tuple[dict[str, int], list[str], str]:
+    """Run the test ``files`` with the ``spark`` fixture a Spark Connect session (the
+    plugin's --iterflow-remote), the test directory importable beside the server too
+    (bodies that call test helpers travel by reference): the counts of passed, skipped
+    and failed tests, the skip lines, and the output."""
+    here = Path(__file__).parent
+    path = os.pathsep.join(p for p in (str(here), os.environ.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs"),
+            *("--iterflow-remote", "local[2]", *(str(here / name) for name in files)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=2400,
+        env={**os.environ, **job_env(), "PYTHONPATH": path},
+        cwd=here.parent,
+    )
+    summary = done.stdout.strip().splitlines()[-1]
+    assert done.returncode == 0, done.stdout[-6000:]
+    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|skipped|failed)", summary)}
+    skips = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]
+    return counts, skips, summary
+
+
 @pytest.mark.slow_spark  # the whole core suite again: minutes; the tests above stay in CI
 def test_the_core_semantics_tests_pass_on_a_connect_session(connect_run: dict[str, Any]) -> None:
     """The same test functions as on the classic session. Skipped, by their marker, are
@@ -135,28 +160,36 @@ def test_the_core_semantics_tests_pass_on_a_connect_session(connect_run: dict[st
     checkpoint block, job descriptions, pickling a py4j handle, and one that needs
     released checkpoints freed at once (a Connect server frees them when its JVM
     collects them)."""
-    here = Path(__file__).parent
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs"),
-            *("--iterflow-remote", "local[2]", *(str(here / name) for name in CORE)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        env=env,
-        cwd=here.parent,
-    )
-    summary = done.stdout.strip().splitlines()[-1]
-    assert done.returncode == 0, done.stdout[-6000:]
-    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|skipped|failed)", summary)}
+    counts, skips, summary = run_remote(CORE)
     older = pyspark.__version__.startswith("4.0.")  # its Connect client lacks newSession()
     assert counts.get("passed", 0) >= 194 - older, summary
     assert counts.get("skipped") == 12 + older, summary
-    skips = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]
     expected = ("needs a classic session", "has no newSession()")
     assert skips and all(any(e in line for e in expected) for line in skips), skips
+
+
+#: The unbounded semantics tests (epochs, feedback, exactly once, the StreamingQuery
+#: handle, event time and windows against their reference).
+UNBOUNDED = [
+    "test_unbounded.py",
+    "test_unbounded_streaming_query.py",
+    "test_event_windows.py",
+    "test_event_time.py",
+]
+#: Of them, the tests that pass over Connect (the others skip, by their marker).
+UNBOUNDED_PASSED = 0
+
+
+@pytest.mark.slow_spark  # minutes, as the core suite; the unbounded Connect job stays in CI
+def test_the_unbounded_semantics_tests_pass_on_a_connect_session() -> None:
+    """The same test functions as on the classic session, their epochs beside the Connect
+    server. Skipped, by their marker, are those that need the loop in the test's process:
+    a listener that stops the query or a callable sink that fills a list of the test, a
+    patched module, draining while idle, metrics counted in executor functions and
+    resident tasks."""
+    counts, skips, summary = run_remote(UNBOUNDED)
+    assert counts.get("passed", 0) >= UNBOUNDED_PASSED, summary
+    assert skips and all("needs a classic session" in line for line in skips), skips
 
 
 def test_executor_metrics_warn_and_graph_arrow_paths_match_networkx(
@@ -210,3 +243,98 @@ def test_checkpoint_dir_over_connect_is_a_directory_both_sides_see() -> None:
     assert isinstance(files, LocalFiles) and root == "file:/data/ckpt"
     with pytest.raises(itf.IterflowError, match=r"s3a://b/c.*client and the Connect server"):
         _connect_files("s3a://b/c")
+
+
+# -- unbounded iterations over Connect -------------------------------------------------
+
+UNBOUNDED_JOB = Path(__file__).with_name("connect_unbounded_job.py")
+
+
+@pytest.fixture(scope="module")
+def unbounded_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run_job(UNBOUNDED_JOB, "suite", str(tmp_path_factory.mktemp("connect-unbounded")))
+
+
+def test_an_unbounded_iteration_runs_beside_the_connect_server(
+    unbounded_run: dict[str, Any],
+) -> None:
+    run = unbounded_run["sums"]
+    assert run["handle"] and run["ended"] and run["name"] == "sums"
+    assert run["termination"] == ["inputs_ended", 3]
+    totals = [6, 36, 136, 143]
+    # Each epoch's output in the sink once, listeners' values and history on the client.
+    assert run["written"] == [[epoch, total] for epoch, total in enumerate(totals)]
+    assert run["emitted"] == {"total": totals}
+    assert run["input_rows"] == [3, 2, 1, 1] and run["batches"] == [0, 1, 2, 3]
+    assert run["last"]["epochs"][0]["epoch"] == 3 and run["last"]["committed_epoch"] == 3
+    # The event log beside the server: the epochs, then how the client saw the end.
+    assert run["events"][0] == "iteration_started" and run["events"][-1] == "iteration_terminated"
+    assert run["events"].count("round_end") == 4 and run["ending"] == ["inputs_ended"]
+
+
+def test_feedback_drains_beside_the_server_before_the_next_micro_batch(
+    unbounded_run: dict[str, Any],
+) -> None:
+    run = unbounded_run["drains"]
+    # 4 rows n = 1..4 lose one a epoch; then one row n = 2 in the second micro-batch.
+    assert run["rows"] == [3, 2, 1, 0, 1, 0]
+    assert run["batches"] == [0, 0, 0, 0, 1, 1]
+    assert run["watermarks"] == [-1, -1, -1, 3, 3, 5]
+    assert run["in_flight"] == 0
+
+
+def test_streaming_query_code_runs_against_a_connect_unbounded_query(
+    unbounded_run: dict[str, Any],
+) -> None:
+    run = unbounded_run["streaming_query_code"]
+    assert "counted" in run["active"] and run["running"]
+    assert run["status"] == [1, 1, "running"]
+    assert [epochs for epochs in run["recent"] if epochs] == [[0], [1]]
+    assert run["last_rows"] == 1
+    # The with block stopped it; the listeners heard of it beside the server.
+    assert run["after"] == [False, "stopped", True]
+    assert run["ending"] == ["stopped"]
+
+
+def test_an_error_beside_the_server_is_raised_as_itself_on_the_client(
+    unbounded_run: dict[str, Any],
+) -> None:
+    run = unbounded_run["failure"]
+    assert run["raised"] == [
+        "RoundError",
+        1,
+        "epoch 1 failed in body 'breaks': ZeroDivisionError: boom",
+    ]
+    assert run["exception"] == "RoundError"
+    assert len(run["refused"]) == 2
+    assert "commit_interval_s=1.0" in run["refused"][0] and "progress=True" in run["refused"][1]
+
+
+def test_a_killed_connect_client_resumes_exactly_once(tmp_path: Path) -> None:
+    """SIGKILL the process (the client and its in-process server) mid-stream; a new one
+    resumes from the epoch log: every file's numbers in the sink once, the totals right."""
+    import pyarrow.dataset as ds
+    from child_jobs import kill_when
+    from test_unbounded import write_rows
+
+    files = [[10 * k + i for i in range(3)] for k in range(8)]
+    write_rows(tmp_path / "in", [[{"x": x} for x in f] for f in files])
+    epochs, sink = tmp_path / "ckpt" / "epochs", tmp_path / "sink"
+    command = [
+        *(sys.executable, str(UNBOUNDED_JOB), "run"),
+        *(str(tmp_path / "in"), str(tmp_path / "ckpt"), str(sink)),
+    ]
+
+    def committed() -> int:
+        return len(list(epochs.glob("epoch-*/_COMMITTED"))) if epochs.exists() else 0
+
+    kill_when(command, lambda: committed() >= 2)
+    resumed = run_job(UNBOUNDED_JOB, "run", *command[3:], "available_now")
+    assert resumed["resumed_from"] is not None and resumed["resumed_from"] >= 1
+
+    def read(name: str) -> list[tuple[int, int]]:
+        table = ds.dataset(str(sink / name), format="parquet", partitioning="hive").to_table()
+        return sorted(zip(table["epoch"].to_pylist(), table.column(0).to_pylist(), strict=True))
+
+    assert read("numbers") == sorted((k, x) for k, f in enumerate(files) for x in f)
+    assert read("total") == [(k, int(np.sum(files[: k + 1]))) for k in range(len(files))]

@@ -126,7 +126,7 @@ def row_of(record: Any) -> tuple:
     return (record["id"], record["key"], record["ts"])
 
 
-@attrs.define
+@attrs.define(slots=False)
 class Collected:
     """A listener keeping, per epoch: the fired (start, end, pane, row), the late
     (start, end, row), and the step's late and state row counts."""
@@ -136,7 +136,7 @@ class Collected:
     late_rows: list[int] = attrs.field(factory=list)
     state_rows: list[int] = attrs.field(factory=list)
 
-    def __call__(self, end: Any) -> None:
+    def on_round_end(self, end: Any) -> None:
         bounds = [
             F.unix_micros("window.start").alias("start"),
             F.unix_micros("window.end").alias("end"),

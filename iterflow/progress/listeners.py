@@ -217,8 +217,8 @@ class ListenerSet:
     ) -> None:
         for index, registration in enumerate(self._registrations):
             listener = self._current.get(index) if registration.per_round else registration.target
-            if listener is None or not _is_listener(listener):
-                continue  # plain functions only hear round ends
+            if listener is None or not hasattr(listener, "on_iteration_terminated"):
+                continue  # plain functions, and objects without the method, hear round ends
             try:
                 listener.on_iteration_terminated(ctx)
             except Exception as exc:

@@ -52,7 +52,12 @@ from iterflow.durations import duration_us
 from iterflow.errors import IterflowTypeError, IterflowValueError
 from iterflow.runtime.round.materialize import Materialized, observe_rows
 from iterflow.runtime.round.materialize import unique_observation as _observation
-from iterflow.runtime.spark.jvm import await_observations, plan_leaves, release_local_checkpoint
+from iterflow.runtime.spark.jvm import (
+    await_observations,
+    deliver_observations,
+    plan_leaves,
+    release_local_checkpoint,
+)
 from iterflow.runtime.spark.observations import observed_metrics
 from iterflow.runtime.spark.schema import has_user_type, quoted, quoted_name
 from iterflow.windows import (
@@ -607,6 +612,7 @@ class EpochSteps:
             classified, observation, F.sum(F.col(LATE).cast("long")).alias("late")
         )
         checkpoint = observed.localCheckpoint(eager=True)
+        deliver_observations(observed)  # over Spark Connect: the plan's observations too
         await_observations([observation])
         self._checkpoints.append(checkpoint)
         return checkpoint

@@ -19,24 +19,27 @@ from iterflow.builder import (
     keep_history_option,
 )
 from iterflow.durations import duration_us, spark_interval
-from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
+from iterflow.errors import IterflowTypeError, IterflowValueError
 from iterflow.runtime.checkpoint.output_sinks import Sink, check_discarding
 from iterflow.runtime.checkpoint.writer import Checkpointing, CheckpointOptions
 from iterflow.runtime.datacache.driver_variables import driver_rows
 from iterflow.runtime.progresstrack.observers import RunObservers
-from iterflow.runtime.spark.files import files_for
 from iterflow.runtime.spark.jvm import is_classic
 from iterflow.runtime.spark.schema import describe_inputs
+from iterflow.unbounded import connect_query
 from iterflow.unbounded.committer import RETAINED_BATCHES_CONF
+from iterflow.unbounded.connect_loop import BesideServer, Launch
 from iterflow.unbounded.epochs import EpochLoop, EpochOptions
 from iterflow.unbounded.event_time import WATERMARK_POLICY_CONF, EventTime, watermark_policy
 from iterflow.unbounded.inputs import combined
 from iterflow.unbounded.query import UnboundedQuery
-from iterflow.unbounded.rewind import check_offset_log, check_replayable, rewind
-
-#: Under ``checkpoint_location``: Spark's own streaming checkpoint, and iterflow's epoch log.
-STREAM_DIR = "stream"
-EPOCHS_DIR = "epochs"
+from iterflow.unbounded.rewind import (
+    EPOCHS_DIR,
+    STREAM_DIR,
+    check_offset_log,
+    check_replayable,
+    check_stream_checkpoint,
+)
 
 
 class UnboundedIteration(IterationBuilder):
@@ -138,41 +141,85 @@ class UnboundedIteration(IterationBuilder):
 
         ``keep_history=N`` keeps the last N epochs' ``RoundProgress`` in ``query.history``
         and the epoch log (default: 1,000, ``RECENT_EPOCHS``; docs/checkpoints.md).
-        ``query_name`` names the stream in the Spark UI (``writeStream.queryName``)::
+        ``query_name`` names the stream in the Spark UI (``writeStream.queryName``). On a
+        Spark Connect session the epochs run beside the server (docs/unbounded.md, "On
+        Spark Connect")::
 
             with iteration.start(checkpoint_location=ckpt, query_name="ranks") as query:
                 query.processAllAvailable()
         """
         location = _check_start(checkpoint_location, available_now, processing_time, progress)
         _check_name(query_name)
-        trigger_us = None if processing_time is None else _processing_time_us(processing_time)
         interval = _commit_interval(commit_interval_s)
         active, inputs = self._bound_inputs(spark)
         limits = (max_rows_per_epoch, max_feedback_rows, max_epochs_per_batch)
-        options = _epoch_options(active, limits, interval, keep_history)
-        streams = self._streams(active, inputs)
-        _check_replays(
-            active, interval, {n: inputs[n] for n in streams}, self._sinks_by_output, location
-        )
-        checkpointing, observers = self._assemble(
-            active,
-            described_inputs=self._described(inputs, streams),
-            checkpoints=_epoch_log_options(location, interval),
+        launch = Launch(
+            location=location,
+            options=_epoch_options(active, limits, interval, keep_history),
             progress=progress,
-            event_log=event_log,
-            nestable=False,
+            event_log=None if event_log is None else os.fspath(event_log),
             progress_interval_s=progress_interval_s,
             event_log_progress_s=event_log_progress_s,
         )
-        loop = self._epoch_loop(active, inputs, streams, observers, checkpointing, options)
-        return _started(
-            loop,
-            inputs,
-            location,
-            partial(_triggered, available_now=available_now, processing_time_us=trigger_us),
-            available_now=available_now,
-            query_name=query_name,
+        streams = self._streams(active, inputs)
+        triggered = _trigger(available_now, processing_time)
+        if not is_classic(active):  # refuses commit_interval_s, which _check_replays is for
+            beside = BesideServer(iteration=self, inputs=inputs, streams=streams, launch=launch)
+            checkpoints = _epoch_log_options(location, interval)
+            return connect_query.started(
+                self, active, beside, triggered, checkpoints, available_now, query_name
+            )
+        _check_replays(
+            active, interval, {n: inputs[n] for n in streams}, self._sinks_by_output, location
         )
+        loop, resumed_from = self.opened(active, inputs, streams, launch)
+        return _started(loop, inputs, location, triggered, available_now, query_name, resumed_from)
+
+    def opened(
+        self,
+        spark: SparkSession,
+        inputs: Mapping[str, DataFrame],
+        streams: tuple[str, ...],
+        launch: Launch,
+        *,
+        check_stream: bool = True,
+        announce: bool = True,
+    ) -> tuple[EpochLoop, int | None]:
+        """The epoch loop of ``start()``, continued from its epoch log (its epoch, or None
+        from the beginning), its observers told (unless ``announce`` is off): ready for
+        its stream's micro-batches. ``check_stream`` checks Spark's streaming checkpoint
+        against the epoch log (before the stream starts; over Connect the client checks
+        it)."""
+        checkpointing, observers = self._assemble(
+            spark,
+            described_inputs=self._described(inputs, streams),
+            checkpoints=_epoch_log_options(launch.location, launch.options.commit_interval_s),
+            progress=launch.progress,
+            event_log=launch.event_log,
+            nestable=False,
+            progress_interval_s=launch.progress_interval_s,
+            event_log_progress_s=launch.event_log_progress_s,
+            run_id=launch.run_id,
+        )
+        loop = self._epoch_loop(spark, inputs, streams, observers, checkpointing, launch.options)
+        try:
+            resumed_from = loop.restore()
+            if check_stream:
+                check_stream_checkpoint(
+                    spark,
+                    launch.location,
+                    batch_id=loop.batch_id,
+                    epoch=loop.epoch,
+                    resumed=resumed_from is not None,
+                    sinks=loop.sinks.values(),
+                )
+            if announce:
+                observers.started(inputs, set(), (), resumed_from, resident=True)
+        except BaseException as exc:
+            loop.failed(exc)
+            loop.close()
+            raise
+        return loop, resumed_from
 
     @property
     def _state_names(self) -> frozenset[str]:
@@ -222,13 +269,7 @@ class UnboundedIteration(IterationBuilder):
         )
 
     def _streams(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> tuple[str, ...]:
-        """The streaming inputs' names; there must be one, on a classic session."""
-        if not is_classic(spark):
-            raise IterflowError(
-                "UnboundedIteration needs a classic SparkSession; under Spark Connect, "
-                "foreachBatch runs in a server-side process that cannot hold the epoch loop. "
-                "Run it where the driver is local (spark-submit, a notebook on the cluster)"
-            )
+        """The streaming inputs' names; there must be one."""
         streams = tuple(name for name, df in inputs.items() if df.isStreaming)
         if not streams:
             raise IterflowValueError(
@@ -282,15 +323,12 @@ def _started(
     inputs: Mapping[str, DataFrame],
     location: str,
     triggered: Callable[[Any], Any],
-    *,
     available_now: bool,
     query_name: str | None,
+    resumed_from: int | None,
 ) -> UnboundedQuery:
-    """Restore ``loop`` from its epoch log and start its stream: the running query."""
+    """Start the stream of ``loop`` (restored from its epoch log): the running query."""
     try:
-        resumed_from = loop.restore()
-        _check_stream_checkpoint(loop, loop.spark, location, resumed_from)
-        loop.loop.observers.started(inputs, set(), (), resumed_from, resident=True)
         writer = (
             combined({name: inputs[name] for name in loop.streams})
             .writeStream.foreachBatch(loop.on_batch)
@@ -306,6 +344,13 @@ def _started(
     return UnboundedQuery(
         loop, stream, available_now=bool(available_now), resumed_from=resumed_from
     )
+
+
+def _trigger(available_now: bool, processing_time: Any) -> Callable[[Any], Any]:
+    """``start(available_now=, processing_time=)`` as a function that sets a writer's
+    trigger."""
+    trigger_us = None if processing_time is None else _processing_time_us(processing_time)
+    return partial(_triggered, available_now=available_now, processing_time_us=trigger_us)
 
 
 def _triggered(writer: Any, *, available_now: bool, processing_time_us: int | None) -> Any:
@@ -382,29 +427,6 @@ def _commit_interval(value: object) -> float | None:
             "a finite number of seconds, or None"
         )
     return float(value)
-
-
-def _check_stream_checkpoint(
-    loop: EpochLoop, spark: SparkSession, location: str, resumed_from: int | None
-) -> None:
-    """The epoch log and Spark's own streaming checkpoint must agree: Spark's is rewound to
-    the last commit when it is ahead (commits off the loop's path); sinks drop what a
-    crashed attempt wrote after the last commit."""
-    stream_files, stream_root = files_for(spark, f"{location}/{STREAM_DIR}", "checkpoint_location")
-    stream_started = bool(stream_files.children(f"{stream_root}/offsets"))
-    if loop.batch_id >= 0 and not stream_started:
-        raise IterflowValueError(
-            f"checkpoint_location '{location}': the epoch log has consumed micro-batch "
-            f"{loop.batch_id}, but the stream's own checkpoint ('{STREAM_DIR}/') is "
-            "gone, so Spark would number micro-batches from 0 again and iterflow would "
-            "skip them. Delete the whole location to start over"
-        )
-    rewind(spark, f"{location}/{STREAM_DIR}", loop.batch_id)
-    if stream_started or resumed_from is not None:
-        # A crashed attempt wrote these epochs after the last commit; this start may run
-        # them on other rows (or not at all).
-        for sink in loop.sinks.values():
-            sink.discard_after(spark, loop.epoch)
 
 
 def _epoch_options(

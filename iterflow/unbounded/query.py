@@ -51,6 +51,16 @@ class UnboundedQuery:
         self, loop: EpochLoop, stream: StreamingQuery, *, available_now: bool, resumed_from: Any
     ) -> None:
         self._loop = loop
+        loop.source_backlog = SourceBacklog(
+            loop.spark, stream, loop.streams, lambda: loop.loop.history
+        ).measure
+        self._follow(loop.body.name, stream, available_now, resumed_from)
+
+    def _follow(
+        self, iteration: str, stream: StreamingQuery, available_now: bool, resumed_from: Any
+    ) -> None:
+        """Hold ``stream`` and start the watcher that follows it."""
+        self._iteration = iteration
         self._stream = stream
         self._available_now = available_now
         self.resumed_from: int | None = resumed_from
@@ -59,11 +69,8 @@ class UnboundedQuery:
         self._stop_error: Exception | None = None  # what Spark's stop() raised there
         self._error: BaseException | None = None
         self._termination: Termination | None = None
-        loop.source_backlog = SourceBacklog(
-            loop.spark, stream, loop.streams, lambda: loop.loop.history
-        ).measure
         self._watcher = threading.Thread(
-            target=self._watch, name=f"iterflow-unbounded-{loop.body.name}", daemon=True
+            target=self._watch, name=f"iterflow-unbounded-{iteration}", daemon=True
         )
         self._watcher.start()
 
@@ -84,7 +91,7 @@ class UnboundedQuery:
         history = self.history
         return history_events(
             history,
-            iteration=self._loop.body.name,
+            iteration=self._iteration,
             termination=self._termination,
             rounds=history[-1].epoch + 1 if history else 0,
         )
@@ -100,7 +107,7 @@ class UnboundedQuery:
             "termination": None if self._termination is None else ending(self._events()),
             "error": None if self._error is None else gist(self._error),
         }
-        title = f"UnboundedQuery '{self._loop.body.name}'"
+        title = f"UnboundedQuery '{self._iteration}'"
         return summary_html(title, fields, history_html(self._events()))
 
     @property
@@ -171,11 +178,11 @@ class UnboundedQuery:
         if not last:
             return None
         progress = last[0]
-        loop = self._loop
+        position = self._position()
         progress["iterflow"] = {
             **progress["iterflow"],
-            "committed_epoch": loop.committed_epoch,
-            "feedback_rows_in_flight": loop.in_flight,
+            "committed_epoch": position["committed_epoch"],
+            "feedback_rows_in_flight": position["feedback_rows_in_flight"],
         }
         return progress
 
@@ -202,7 +209,14 @@ class UnboundedQuery:
             if p.batch_id is not None:
                 epochs.setdefault(p.batch_id, []).append(progress_to_dict(p))
         for report in reports:
-            report["iterflow"] = {"epochs": epochs.get(int(report.get("batchId", -1)), [])}
+            ran = epochs.get(int(report.get("batchId", -1)), [])
+            report["iterflow"] = {"epochs": ran}
+            if not report.get("numInputRows"):
+                # Over Spark Connect, Spark counts no rows read by foreachBatch's process:
+                # the micro-batch's rows are iterflow's count of them.
+                counted = [n for e in ran for n in (e.get("input_rows") or {}).values()]
+                if counted and None not in counted:
+                    report["numInputRows"] = sum(counted)
         return reports
 
     def explain(self, extended: bool = False) -> None:
@@ -216,25 +230,35 @@ class UnboundedQuery:
         iterflow's: state, last epoch, the epoch of the last commit written whole (a
         restart continues after it) and whether one is being written, feedback in
         flight; ``stream`` repeats the stream's status."""
-        loop = self._loop
         if self._done.is_set():
             state = "failed" if self._error is not None else "terminated"
         else:
-            state = "stopping" if self._loop.stopping.is_set() else "running"
+            state = "stopping" if self._stopping() else "running"
         stream: dict[str, Any] = {}
         with contextlib.suppress(Exception):  # the query is gone
             stream = dict(self._stream.status)
         return {
             **stream,
             "state": state,
+            **self._position(),
+            "termination": None if self._termination is None else self._termination.reason,
+            "stream": stream,
+        }
+
+    def _position(self) -> dict[str, Any]:
+        """Where the epochs stand: the last one, the last commit written whole, whether one
+        is being written, the last micro-batch taken and the feedback rows in flight."""
+        loop = self._loop
+        return {
             "epoch": loop.epoch,
             "committed_epoch": loop.committed_epoch,
             "commit_in_flight": loop.commits.in_flight,
             "batch_id": loop.batch_id,
             "feedback_rows_in_flight": loop.in_flight,
-            "termination": None if self._termination is None else self._termination.reason,
-            "stream": stream,
         }
+
+    def _stopping(self) -> bool:
+        return self._loop.stopping.is_set()
 
     def await_termination(self, timeout: float | None = None) -> bool:
         """Wait until the iteration ends (at most ``timeout`` seconds); True when it has.
@@ -289,7 +313,12 @@ class UnboundedQuery:
             if self._termination is not None:  # stopped meanwhile
                 return
             raise
-        loop = self._loop  # feedback left after the last micro-batch drains while idle
+        self._settle()
+
+    def _settle(self) -> None:
+        """After the stream's ``processAllAvailable``: wait until the feedback left after
+        the last micro-batch has drained while idle, and is committed."""
+        loop = self._loop
         while True:
             with loop.guard.exclusive():
                 committed = loop.committed_epoch == loop.epoch
@@ -339,7 +368,7 @@ class UnboundedQuery:
     def __repr__(self) -> str:
         status = self.status
         return (
-            f"<UnboundedQuery '{self._loop.body.name}' {status['state']} "
+            f"<UnboundedQuery '{self._iteration}' {status['state']} "
             f"epoch={status['epoch']} in_flight={status['feedback_rows_in_flight']}>"
         )
 

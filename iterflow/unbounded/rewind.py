@@ -33,14 +33,19 @@ state of its own (``state/``) is refused.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
-from iterflow.errors import IterflowError
+from iterflow.errors import IterflowError, IterflowValueError
+from iterflow.runtime.checkpoint.output_sinks import Sink
 from iterflow.runtime.spark.files import Files, files_for
 from iterflow.runtime.spark.jvm import stream_sources
 from iterflow.unbounded.source_log import is_compaction, log_entries, log_files
+
+#: Under ``checkpoint_location``: Spark's own streaming checkpoint, and iterflow's epoch log.
+STREAM_DIR = "stream"
+EPOCHS_DIR = "epochs"
 
 #: Sources that read again what they delivered once, from the offsets Spark recorded.
 REPLAYABLE = ("kafka", "rate", "rate-micro-batch")
@@ -119,6 +124,36 @@ def rewind(spark: SparkSession, stream_dir: str, batch_id: int) -> bool:
             if batch > batch_id:
                 _delete(files, f"{root}/{log}", str(batch))
     return True
+
+
+def check_stream_checkpoint(
+    spark: SparkSession,
+    location: str,
+    *,
+    batch_id: int,
+    epoch: int,
+    resumed: bool,
+    sinks: Iterable[Sink],
+) -> None:
+    """The epoch log (its last commit: micro-batch ``batch_id``, ``epoch``; ``resumed``
+    when there is one) and Spark's own streaming checkpoint must agree: Spark's is rewound
+    to the last commit when it is ahead (commits off the loop's path); ``sinks`` drop what
+    a crashed attempt wrote after the last commit."""
+    stream_files, stream_root = files_for(spark, f"{location}/{STREAM_DIR}", "checkpoint_location")
+    stream_started = bool(stream_files.children(f"{stream_root}/offsets"))
+    if batch_id >= 0 and not stream_started:
+        raise IterflowValueError(
+            f"checkpoint_location '{location}': the epoch log has consumed micro-batch "
+            f"{batch_id}, but the stream's own checkpoint ('{STREAM_DIR}/') is "
+            "gone, so Spark would number micro-batches from 0 again and iterflow would "
+            "skip them. Delete the whole location to start over"
+        )
+    rewind(spark, f"{location}/{STREAM_DIR}", batch_id)
+    if stream_started or resumed:
+        # A crashed attempt wrote these epochs after the last commit; this start may run
+        # them on other rows (or not at all).
+        for sink in sinks:
+            sink.discard_after(spark, epoch)
 
 
 def _logged(files: Files, directory: str) -> list[int]:

@@ -102,6 +102,17 @@ class CheckpointStore:
             )
         return None
 
+    def newest(self) -> Checkpoint | None:
+        """The newest checkpoint that reads whole now, or None; the others are passed over
+        without a word: a reader beside a running writer (the handle of an iteration whose
+        loop runs elsewhere) meets commits half written and epochs being pruned."""
+        for epoch in reversed(self.epochs()):
+            try:
+                return self._read(epoch)
+            except (UnusableCheckpoint, OSError):
+                continue
+        return None
+
     def _manifest(self, epoch: int) -> dict[str, Any]:
         manifest = json.loads(self.files.read_bytes(self._path(epoch_dir(epoch), MARKER)))
         if not isinstance(manifest, dict) or manifest.get("epoch") != epoch:

@@ -164,24 +164,14 @@ class Checkpointing:
         if not self.options.resume:
             self.store.clear()
             return None
-        checkpoint = self.latest(strict=self.options.strict)
-        if checkpoint is None:
-            return None
-        problems = fingerprint_differences(checkpoint.fingerprint, self.fingerprint)
-        if problems:
-            raise IterflowValueError(
-                f"{self.options.option} '{self.store.root}' holds checkpoints of another "
-                "iteration: "
-                + "; ".join(problems)
-                + f". Bind the same inputs to the same body to resume, or "
-                f"{self.options.fresh_start}"
-            )
-        return checkpoint
+        return self.latest(strict=self.options.strict, fingerprint=self.fingerprint)
 
-    def latest(self, *, strict: bool = False) -> Checkpoint | None:
-        """The newest valid checkpoint (``CheckpointStore.latest``); the history the run
-        continues with is its history."""
-        checkpoint = self.store.latest(strict=strict, remedy=self.options.fresh_start)
+    def latest(
+        self, *, strict: bool = False, fingerprint: dict[str, Any] | None = None
+    ) -> Checkpoint | None:
+        """The newest valid checkpoint (``resumable``); the history the run continues with
+        is its history."""
+        checkpoint = resumable(self.store, self.options, fingerprint, strict=strict)
         if checkpoint is not None:
             # Without segments (an older checkpoint) the next one writes all the history.
             segments = checkpoint.segments
@@ -316,3 +306,26 @@ class Checkpointing:
         except IterflowError as exc:
             log.warning("%s", exc)
             warnings.warn(str(exc), IterflowWarning, stacklevel=2)
+
+
+def resumable(
+    store: CheckpointStore,
+    options: CheckpointOptions,
+    fingerprint: dict[str, Any] | None,
+    *,
+    strict: bool,
+) -> Checkpoint | None:
+    """The newest valid checkpoint in ``store`` (``CheckpointStore.latest``), or None; an
+    ``IterflowValueError`` when it belongs to a run whose ``fingerprint`` (body, inputs)
+    differs from this one's (None: not checked)."""
+    checkpoint = store.latest(strict=strict, remedy=options.fresh_start)
+    if checkpoint is None or fingerprint is None:
+        return checkpoint
+    problems = fingerprint_differences(checkpoint.fingerprint, fingerprint)
+    if problems:
+        raise IterflowValueError(
+            f"{options.option} '{store.root}' holds checkpoints of another iteration: "
+            + "; ".join(problems)
+            + f". Bind the same inputs to the same body to resume, or {options.fresh_start}"
+        )
+    return checkpoint

@@ -23,7 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from iterflow.errors import IterflowValueError, gist, warn
 from iterflow.metrics._spark import BRIDGE
 from iterflow.metrics.pusher import MetricsPusher
-from iterflow.metrics.registry import REGISTRY
+from iterflow.metrics.registry import REGISTRY, RunMetrics
 from iterflow.metrics.sinks import MetricsSink
 from iterflow.metrics.values import MetricResult
 from iterflow.progress.bar import ProgressBar
@@ -106,10 +106,13 @@ class RunObservers:
         spark: SparkSession,
         options: ObserverOptions,
         static_conditions: Sequence[Condition],
+        run_id: str | None = None,
     ) -> None:
         self.iteration = iteration
         self._notes = dict(options.notes)
-        self.run_id = uuid.uuid4().hex[:12]
+        #: New for each run; given, for the processes of one run (over Spark Connect, the
+        #: epochs' and the end's), so that their lines in the event log are one run's.
+        self.run_id = run_id or uuid.uuid4().hex[:12]
         # Only an unbounded run is not nestable (its query runs on threads of its own).
         self._logger = logging.getLogger(
             "iterflow.bounded" if options.nestable else "iterflow.unbounded"
@@ -408,3 +411,13 @@ class RunObservers:
                 self.metrics.roll_up(self.parent.metrics)
             if self._log is not None and self._owns_log:
                 self._log.close()
+
+
+def committed_metrics(exported: Mapping[str, Any] | None) -> dict[str, MetricResult]:
+    """The user metrics' totals a checkpoint holds (``RunMetrics.export()``), read by a
+    process that did not run them (the handle of an iteration whose epochs run beside a
+    Spark Connect server)."""
+    metrics = RunMetrics(iteration="", run_id="", kinds={})
+    if exported:
+        metrics.restore(exported)
+    return metrics.totals()

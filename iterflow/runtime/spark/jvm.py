@@ -331,9 +331,14 @@ def in_session(df: DataFrame, spark: SparkSession) -> DataFrame:
     is delivered only by actions of that session, so an observed micro-batch
     joined with the iteration's DataFrames would never report its rows. The
     micro-batch plan is a ``LogicalRDD``, which any session can run.
+
+    Over Spark Connect the plan is the client's, sent again in ``spark``'s name (Connect
+    refuses to join DataFrames of two sessions).
     """
     if df.sparkSession is spark:
         return df
+    if not is_classic(spark):
+        return type(df)(df._plan, spark)
     try:
         jvm: Any = spark._jvm
         moved = jvm.org.apache.spark.sql.classic.Dataset.ofRows(
