@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 from test_unbounded import write_rows
 
 import iterflow as itf
+from iterflow.graph import streaming
 from iterflow.progress.event_log import read_events
 
 #: Seconds each epoch's listener sleeps in ``run`` (so that a kill lands mid-stream).
@@ -187,6 +188,30 @@ def failure(spark: SparkSession, work: Path) -> dict[str, Any]:
     }
 
 
+#: The edges of ``graph``, one file per micro-batch.
+GRAPH_FILES = [[(1, 2), (3, 4)], [(2, 3)], [(5, 6), (7, 7)]]
+
+
+def graph(spark: SparkSession, work: Path) -> dict[str, Any]:
+    """Connected components kept up to date as edges arrive (``iterflow.graph.streaming``):
+    each epoch's whole result in the sink."""
+    write_rows(work / "in", [[{"src": a, "dst": b} for a, b in f] for f in GRAPH_FILES])
+    edges = spark.readStream.schema("src long, dst long").option("maxFilesPerTrigger", 1)
+    out = itf.FileSink(str(work / "out"))
+    query = streaming.connected_components(
+        edges.json(str(work / "in")),
+        sink=out,
+        checkpoint_location=str(work / "ckpt"),
+        available_now=True,
+    )
+    query.awaitTermination()
+    rows = out.read(spark).collect()
+    return {
+        str(epoch): {r["id"]: r["component"] for r in rows if r["epoch"] == epoch}
+        for epoch in range(len(GRAPH_FILES))
+    }
+
+
 def run(input_dir: str, checkpoint: str, sink_dir: str, until_end: bool) -> dict[str, Any]:
     """The running sum of the kill test, sinking totals and numbers."""
     spark = SparkSession.builder.remote("local[2]").getOrCreate()
@@ -220,7 +245,7 @@ def main() -> None:
     )
     results = {
         case.__name__: case(spark, work / case.__name__)
-        for case in (sums, drains, streaming_query_code, failure)
+        for case in (sums, drains, streaming_query_code, failure, graph)
     }
     print(json.dumps(results))
     spark.stop()

@@ -176,8 +176,8 @@ UNBOUNDED = [
     "test_event_windows.py",
     "test_event_time.py",
 ]
-#: Of them, the tests that pass over Connect (the others skip, by their marker).
-UNBOUNDED_PASSED = 0
+#: Of them, the tests that pass over Connect, and those that skip by their marker.
+UNBOUNDED_PASSED, UNBOUNDED_SKIPPED = 32, 7
 
 
 @pytest.mark.slow_spark  # minutes, as the core suite; the unbounded Connect job stays in CI
@@ -189,6 +189,7 @@ def test_the_unbounded_semantics_tests_pass_on_a_connect_session() -> None:
     resident tasks."""
     counts, skips, summary = run_remote(UNBOUNDED)
     assert counts.get("passed", 0) >= UNBOUNDED_PASSED, summary
+    assert counts.get("skipped") == UNBOUNDED_SKIPPED, summary
     assert skips and all("needs a classic session" in line for line in skips), skips
 
 
@@ -308,6 +309,19 @@ def test_an_error_beside_the_server_is_raised_as_itself_on_the_client(
     assert run["exception"] == "RoundError"
     assert len(run["refused"]) == 2
     assert "commit_interval_s=1.0" in run["refused"][0] and "progress=True" in run["refused"][1]
+
+
+def test_streaming_components_over_connect_match_networkx_after_every_epoch(
+    unbounded_run: dict[str, Any],
+) -> None:
+    import networkx as nx
+    from connect_unbounded_job import GRAPH_FILES
+
+    for epoch in range(len(GRAPH_FILES)):
+        reference = nx.Graph([e for f in GRAPH_FILES[: epoch + 1] for e in f])
+        expected = {v: min(c) for c in nx.connected_components(reference) for v in c}
+        got = {int(k): v for k, v in unbounded_run["graph"][str(epoch)].items()}
+        assert got == expected, epoch
 
 
 def test_a_killed_connect_client_resumes_exactly_once(tmp_path: Path) -> None:
