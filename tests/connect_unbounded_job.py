@@ -188,6 +188,36 @@ def failure(spark: SparkSession, work: Path) -> dict[str, Any]:
     }
 
 
+@itf.body
+def per_10s(events: DataFrame, ctx: itf.RoundContext) -> itf.Declaration:
+    """Rows per 10-second window of event time."""
+    windowed = ctx.window(events, itf.FixedWindows("10 seconds"), name="per10")
+    counts = windowed.groupBy("window").agg(F.count("*").alias("n"))
+    return itf.Declaration(outputs={"counts": counts})
+
+
+def windows(spark: SparkSession, work: Path) -> dict[str, Any]:
+    """Event time beside the server: each window fires once, in the epoch whose input
+    makes it due (the last at the end, in the ending query); or, on a server that does
+    not report the observations event time needs, the error that says so."""
+    write_rows(work / "in", [[{"t": 1}, {"t": 2}], [{"t": 11}], [{"t": 25}]])
+    stream = spark.readStream.schema("t long").option("maxFilesPerTrigger", 1)
+    events = stream.json(str(work / "in")).select(F.timestamp_seconds("t").alias("ts"))
+    out = itf.FileSink(str(work / "out"))
+    query = (
+        itf.UnboundedIteration(per_10s)
+        .bind("events", events, event_time="ts")
+        .sink("counts", out)
+        .start(checkpoint_location=str(work / "ckpt"), available_now=True)
+    )
+    try:
+        query.awaitTermination()
+    except itf.IterflowError as error:
+        return {"error": str(error)}
+    rows = out.read(spark).select("epoch", F.unix_seconds("window.start").alias("s"), "n")
+    return {"fired": sorted([r["epoch"], r["s"], r["n"]] for r in rows.collect())}
+
+
 #: The edges of ``graph``, one file per micro-batch.
 GRAPH_FILES = [[(1, 2), (3, 4)], [(2, 3)], [(5, 6), (7, 7)]]
 
@@ -245,7 +275,7 @@ def main() -> None:
     )
     results = {
         case.__name__: case(spark, work / case.__name__)
-        for case in (sums, drains, streaming_query_code, failure, graph)
+        for case in (sums, drains, streaming_query_code, failure, graph, windows)
     }
     print(json.dumps(results))
     spark.stop()

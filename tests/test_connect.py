@@ -266,7 +266,11 @@ def test_an_unbounded_iteration_runs_beside_the_connect_server(
     # Each epoch's output in the sink once, listeners' values and history on the client.
     assert run["written"] == [[epoch, total] for epoch, total in enumerate(totals)]
     assert run["emitted"] == {"total": totals}
-    assert run["input_rows"] == [3, 2, 1, 1] and run["batches"] == [0, 1, 2, 3]
+    # A Spark 4.0 Connect server reports only a command's outermost observation: the
+    # first epoch's input, counted inside its commit's job, has no count there.
+    older = pyspark.__version__.startswith("4.0.")
+    assert run["input_rows"] == [None if older else 3, 2, 1, 1]
+    assert run["batches"] == [0, 1, 2, 3]
     assert run["last"]["epochs"][0]["epoch"] == 3 and run["last"]["committed_epoch"] == 3
     # The event log beside the server: the epochs, then how the client saw the end.
     assert run["events"][0] == "iteration_started" and run["events"][-1] == "iteration_terminated"
@@ -322,6 +326,17 @@ def test_streaming_components_over_connect_match_networkx_after_every_epoch(
         expected = {v: min(c) for c in nx.connected_components(reference) for v in c}
         got = {int(k): v for k, v in unbounded_run["graph"][str(epoch)].items()}
         assert got == expected, epoch
+
+
+def test_event_time_windows_fire_beside_the_server_or_are_refused_on_spark_4_0(
+    unbounded_run: dict[str, Any],
+) -> None:
+    run = unbounded_run["windows"]
+    if pyspark.__version__.startswith("4.0."):
+        assert "Spark 4.0's Connect server reports only the outermost" in run["error"]
+        return
+    # [0, 10) is due in the epoch of t=11, [10, 20) in that of t=25, [20, 30) at the end.
+    assert run["fired"] == [[1, 0, 2], [2, 10, 1], [3, 20, 1]]
 
 
 def test_a_killed_connect_client_resumes_exactly_once(tmp_path: Path) -> None:

@@ -49,7 +49,7 @@ from pyspark.sql.types import (
 )
 
 from iterflow.durations import duration_us
-from iterflow.errors import IterflowTypeError, IterflowValueError
+from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
 from iterflow.runtime.round.materialize import Materialized, observe_rows
 from iterflow.runtime.round.materialize import unique_observation as _observation
 from iterflow.runtime.spark.jvm import (
@@ -57,6 +57,7 @@ from iterflow.runtime.spark.jvm import (
     deliver_observations,
     plan_leaves,
     release_local_checkpoint,
+    undelivered_observations,
 )
 from iterflow.runtime.spark.observations import observed_metrics
 from iterflow.runtime.spark.schema import has_user_type, quoted, quoted_name
@@ -613,6 +614,15 @@ class EpochSteps:
         )
         checkpoint = observed.localCheckpoint(eager=True)
         deliver_observations(observed)  # over Spark Connect: the plan's observations too
+        missing = undelivered_observations(observed)
+        if missing:
+            raise IterflowError(
+                "event time over this Spark Connect server: after the step's job it "
+                f"reported no metrics for the observations {missing} inside its plan "
+                "(Spark 4.0's Connect server reports only the outermost one), and the "
+                "watermarks need them (the latest event time of the new rows). Use a newer "
+                "Spark for the server (4.3 reports them), or a classic session"
+            )
         await_observations([observation])
         self._checkpoints.append(checkpoint)
         return checkpoint

@@ -174,6 +174,17 @@ def deliver_observations(df: DataFrame) -> None:
             target._result.update(values)
 
 
+def undelivered_observations(df: DataFrame) -> list[str]:
+    """The observations in the plan of the Spark Connect DataFrame ``df`` that a command
+    on it ran but whose metrics did not come back (``deliver_observations`` found none):
+    a Spark 4.0 Connect server reports only the plan's outermost observation after a
+    command. Empty for a classic DataFrame."""
+    if hasattr(df, "_jdf"):
+        return []
+    observations = getattr(getattr(df, "_plan", None), "observations", None) or {}
+    return sorted(name for name, o in observations.items() if not observation_ready(o))
+
+
 class HadoopFiles:
     """Small files and directories on any Hadoop file system (local, HDFS, S3A, ...).
 
