@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 from pyspark.sql import SparkSession
@@ -37,7 +37,6 @@ from iterflow.runtime.spark.files import LocalFiles, files_for
 from iterflow.unbounded.connect_loop import (
     CONNECT_DIR,
     BesideServer,
-    Iteration,
     failure_path,
     left_failure,
 )
@@ -59,7 +58,6 @@ RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Warning)): (.*)$", re.
 
 
 def started(
-    iteration: Iteration,
     spark: SparkSession,
     beside: BesideServer,
     triggered: Callable[[Any], Any],
@@ -71,6 +69,7 @@ def started(
     from the client ``spark``: its handle. What a classic ``start()`` refuses before its
     stream starts (a damaged commit, another iteration's checkpoints, a streaming
     checkpoint out of step) is refused here too, from the client."""
+    iteration = beside.iteration
     _check_connect(beside.launch.options.commit_interval_s, beside.launch.progress)
     # One run id for the processes that run the epochs and the end: one run in the log.
     launch = beside.launch = attrs.evolve(beside.launch, run_id=uuid.uuid4().hex[:12])
@@ -92,7 +91,7 @@ def started(
         sinks=iteration._sinks_by_output.values(),
     )
     LocalFiles().delete(failure_path(launch.location))  # an earlier run's
-    stream = triggered(_writer(iteration, beside, query_name)).start()
+    stream = triggered(_writer(beside, query_name)).start()
     return ConnectQuery(
         beside,
         stream,
@@ -103,14 +102,14 @@ def started(
     )
 
 
-def _writer(iteration: Iteration, beside: BesideServer, query_name: str | None) -> Any:
+def _writer(beside: BesideServer, query_name: str | None) -> Any:
     """The stream's writer: ``beside`` pickled as its ``foreachBatch`` function."""
     streams = combined({name: beside.inputs[name] for name in beside.streams})
     try:
         writer = streams.writeStream.foreachBatch(beside)
     except Exception as exc:  # what cloudpickle cannot send to the server
         raise IterflowError(
-            f"UnboundedIteration '{iteration._body.name}' over Spark Connect: its body, "
+            f"UnboundedIteration '{beside.iteration._body.name}' over Spark Connect: its body, "
             "bindings, sinks, listeners and metric sinks are pickled to the foreachBatch "
             f"process beside the server, and one of them does not pickle ({exc}). Keep "
             "them free of open files, locks, sockets and sessions"
@@ -222,8 +221,8 @@ class ConnectQuery(UnboundedQuery):
         self._beside = beside
         self._spark = spark
         self._view = view
-        self._stop_asked = threading.Event()
-        self._follow(beside.iteration._body.name, stream, available_now, resumed_from)
+        name = beside.iteration._body.name
+        self._follow(name, stream, available_now, resumed_from, threading.Event())
 
     # -- what the epoch log shows ----------------------------------------------------------
 
@@ -252,9 +251,6 @@ class ConnectQuery(UnboundedQuery):
             "feedback_rows_in_flight": view.in_flight,
         }
 
-    def _stopping(self) -> bool:
-        return self._stop_asked.is_set()
-
     # -- waiting and stopping ----------------------------------------------------------------
 
     def _settle(self) -> None:
@@ -262,38 +258,19 @@ class ConnectQuery(UnboundedQuery):
         the stream has processed what is available, the epoch log has it all."""
         self._refresh()
 
-    def stop(self) -> None:
-        """Let the micro-batch in progress finish its epochs and commit, stop the stream,
-        then end the iteration beside the server (listeners' ``iteration_terminated`` runs
-        there). What is in flight stays committed for a later ``start()``."""
-        if not self._stop_asked.is_set():
-            self._stop_asked.set()
-            self._stopper = threading.Thread(
-                target=self._stop_stream, name="iterflow-stop", daemon=True
-            )
-            self._stopper.start()
-        if not self._inside():
-            self._done.wait()
-            if self._stopper is not None:
-                self._stopper.join()
-            if self._stop_error is not None:
-                raise self._stop_error
-
     def _inside(self) -> bool:
         return threading.current_thread() is self._watcher
 
-    def _stop_stream(self) -> None:
-        """Stop the stream between micro-batches: a micro-batch stopped halfway is not lost
-        (it runs again after a restart), but its epochs would run twice."""
+    def _between_batches(self) -> None:
+        """Return once no micro-batch runs (or the query is over): a micro-batch stopped
+        halfway is not lost (it runs again after a restart), but its epochs would run
+        twice. ``stop()`` then ends the iteration beside the server (listeners'
+        ``iteration_terminated`` runs there)."""
         while not self._done.is_set():
             with contextlib.suppress(Exception):  # the query is gone: nothing runs
                 if not self._stream.status.get("isTriggerActive"):
-                    break
+                    return
             self._done.wait(POLL_S / 2)
-        try:
-            self._stream.stop()
-        except Exception as exc:  # stop() raises it in the caller's thread
-            self._stop_error = exc
 
     # -- the watcher ----------------------------------------------------------------------------
 
@@ -305,8 +282,7 @@ class ConnectQuery(UnboundedQuery):
                     if self._stream.awaitTermination(POLL_S):  # type: ignore[arg-type]
                         break
                 except Exception as exc:
-                    failure = self._failure(exc)
-                    raise failure from failure.__cause__ or exc
+                    self._raise_failure(exc)
                 waited += POLL_S
                 if waited >= REFRESH_S:
                     self._refresh()
@@ -364,17 +340,17 @@ class ConnectQuery(UnboundedQuery):
             try:
                 ending.awaitTermination()
             except Exception as exc:
-                failure = self._failure(exc)
-                raise failure from failure.__cause__ or exc
+                self._raise_failure(exc)
         finally:
             files.delete(place)
 
-    def _failure(self, error: BaseException) -> BaseException:
-        """The error that failed the stream as the epoch loop raised it (an ``RoundError``
-        naming the epoch, an ``IterflowValueError``...), left by the loop beside the
-        server; else one made from the stream's error text."""
+    def _raise_failure(self, error: BaseException) -> NoReturn:
+        """Raise the error that failed the stream (``error``) as the epoch loop raised it
+        (a ``RoundError`` naming the epoch, an ``IterflowValueError``...), left by the loop
+        beside the server, with its causes; else one made from the stream's error text."""
         left = left_failure(self._beside.launch.location)
-        return left if left is not None else failed_beside_server(self._iteration, error)
+        failure = left if left is not None else failed_beside_server(self._iteration, error)
+        raise failure from failure.__cause__ or error
 
 
 def failed_beside_server(iteration: str, error: BaseException) -> IterflowError:

@@ -167,7 +167,7 @@ class UnboundedIteration(IterationBuilder):
             beside = BesideServer(iteration=self, inputs=inputs, streams=streams, launch=launch)
             checkpoints = _epoch_log_options(location, interval)
             return connect_query.started(
-                self, active, beside, triggered, checkpoints, available_now, query_name
+                active, beside, triggered, checkpoints, available_now, query_name
             )
         _check_replays(
             active, interval, {n: inputs[n] for n in streams}, self._sinks_by_output, location

@@ -54,14 +54,21 @@ class UnboundedQuery:
         loop.source_backlog = SourceBacklog(
             loop.spark, stream, loop.streams, lambda: loop.loop.history
         ).measure
-        self._follow(loop.body.name, stream, available_now, resumed_from)
+        self._follow(loop.body.name, stream, available_now, resumed_from, loop.stopping)
 
     def _follow(
-        self, iteration: str, stream: StreamingQuery, available_now: bool, resumed_from: Any
+        self,
+        iteration: str,
+        stream: StreamingQuery,
+        available_now: bool,
+        resumed_from: Any,
+        stopping: threading.Event,
     ) -> None:
-        """Hold ``stream`` and start the watcher that follows it."""
+        """Hold ``stream`` and start the watcher that follows it; ``stopping`` is set once
+        ``stop()`` is asked."""
         self._iteration = iteration
         self._stream = stream
+        self._stop_asked = stopping
         self._available_now = available_now
         self.resumed_from: int | None = resumed_from
         self._done = threading.Event()
@@ -258,7 +265,7 @@ class UnboundedQuery:
         }
 
     def _stopping(self) -> bool:
-        return self._loop.stopping.is_set()
+        return self._stop_asked.is_set()
 
     def await_termination(self, timeout: float | None = None) -> bool:
         """Wait until the iteration ends (at most ``timeout`` seconds); True when it has.
@@ -335,8 +342,8 @@ class UnboundedQuery:
         same checkpoint location continues from there. Called from a listener,
         it returns at once and the stream stops after the current micro-batch.
         """
-        if not self._loop.stopping.is_set():
-            self._loop.stopping.set()
+        if not self._stop_asked.is_set():
+            self._stop_asked.set()
             self._stopper = threading.Thread(
                 target=self._stop_stream, name="iterflow-stop", daemon=True
             )
@@ -358,12 +365,16 @@ class UnboundedQuery:
         )
 
     def _stop_stream(self) -> None:
-        with self._loop.guard.exclusive():
-            pass  # the epochs in progress finish and commit first
+        self._between_batches()
         try:
             self._stream.stop()
         except Exception as exc:  # stop() raises it in the caller's thread
             self._stop_error = exc
+
+    def _between_batches(self) -> None:
+        """Return once no epoch runs: the epochs in progress finish and commit first."""
+        with self._loop.guard.exclusive():
+            pass
 
     def __repr__(self) -> str:
         status = self.status
