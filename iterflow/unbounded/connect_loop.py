@@ -98,6 +98,13 @@ class BesideServer:
     _loop: EpochLoop | None = attrs.field(default=None, init=False, repr=False)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        try:
+            self._run(batch, batch_id)
+        except BaseException as exc:  # building the loop too (a lease, a checkpoint)
+            leave_failure(self.launch.location, exc)
+            raise
+
+    def _run(self, batch: DataFrame, batch_id: int) -> None:
         loop = self._ready(batch.sparkSession)
         try:
             if self.ending is None:
@@ -110,7 +117,6 @@ class BesideServer:
         except BaseException as exc:
             self._loop = None
             try:
-                leave_failure(self.launch.location, exc)
                 loop.failed(exc)
             finally:
                 loop.close()
