@@ -23,6 +23,8 @@ import pytest
 from pyspark.sql import functions as F
 
 import iterflow as itf
+from iterflow.runtime.spark.jvm import is_classic
+from iterflow.unbounded import event_steps
 
 pytestmark = pytest.mark.spark
 
@@ -250,12 +252,69 @@ CASES: dict[str, Callable[[], Case]] = {
 SLOW = ("sliding-on-time", "session-on-time", "custom-on-time")
 
 
+@pytest.fixture(params=["driver", "spark"])
+def window_plan(request, monkeypatch):
+    """Where the window step runs: on the driver (its state held there and its new rows
+    taken as small whatever Spark estimates), or planned in Spark (never on the driver).
+    Yields the name and the list of the step's runs on the driver (``windowed`` calls)."""
+    runs: list[int] = []
+    real = event_steps.windowed
+
+    def counted(*args, **kwargs):
+        runs.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(event_steps, "windowed", counted)
+    if request.param == "spark":
+        monkeypatch.setattr(event_steps, "DRIVER_WINDOW_BYTES", -1)
+    else:
+        monkeypatch.setattr(event_steps, "estimated_bytes", lambda df: 0)
+    return request.param, runs
+
+
 @pytest.mark.parametrize(
     "name",
     [pytest.param(n, marks=pytest.mark.slow_spark) if n in SLOW else n for n in CASES],
 )
-def test_windows_fire_and_drop_as_the_reference(spark, tmp_path, name):
+def test_windows_fire_and_drop_as_the_reference(spark, tmp_path, name, window_plan):
     case = CASES[name]()
+    check_against_reference(spark, tmp_path, case)
+    # The step ran where the case asked (a custom window always runs in Spark, and over
+    # Spark Connect the loop beside the server is not patched).
+    plan, runs = window_plan
+    builtin = (itf.FixedWindows, itf.SlidingWindows, itf.SessionWindows)
+    on_driver = plan == "driver" and isinstance(case.window, builtin)
+    if is_classic(spark):
+        assert bool(runs) == on_driver
+
+
+@pytest.mark.parametrize(
+    "name", ["session-lateness", pytest.param("sliding-lateness", marks=pytest.mark.slow_spark)]
+)
+@pytest.mark.iterflow_classic(reason="patches where the loop runs its window step")
+def test_a_step_that_moves_between_the_driver_and_spark_keeps_its_state(
+    spark, tmp_path, monkeypatch, name
+):
+    """Every other epoch Spark's size estimate says the new rows are large: the step goes
+    on in Spark from a state the driver left, and back on the driver from Spark's."""
+    sizes = iter([0, None] * 100)
+    runs: list[int] = []
+    real = event_steps.windowed
+
+    def counted(*args, **kwargs):
+        runs.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(event_steps, "estimated_bytes", lambda df: next(sizes))
+    monkeypatch.setattr(event_steps, "windowed", counted)
+    case = CASES[name]()
+    epochs = check_against_reference(spark, tmp_path, case)
+    assert 2 <= len(runs) < epochs
+
+
+def check_against_reference(spark, tmp_path, case: Case) -> int:
+    """Run ``case`` and compare every epoch's firings and late rows with the reference;
+    the number of epochs."""
     files = batches(case)
     epochs = expected(case, files)
     want_fired = [
@@ -305,3 +364,103 @@ def test_windows_fire_and_drop_as_the_reference(spark, tmp_path, name):
     assert seen.late_rows == [len(epoch.late) for epoch in epochs]
     # Nothing is left behind once the input has ended.
     assert seen.state_rows[-1] == 0
+    return len(epochs)
+
+
+EDGE_WINDOWS = {
+    "fixed": lambda: itf.FixedWindows("10 seconds"),
+    "sliding": lambda: itf.SlidingWindows("10 seconds", every="4 seconds"),
+    "session": lambda: itf.SessionWindows("3 seconds"),
+}
+
+
+@pytest.mark.parametrize(
+    "window",
+    ["fixed", "session", pytest.param("sliding", marks=pytest.mark.slow_spark)],
+)
+@pytest.mark.iterflow_classic(reason="patches where the loop runs its window step")
+def test_null_keys_and_times_window_alike_on_the_driver_and_in_spark(
+    spark, tmp_path, monkeypatch, window
+):
+    """Two key columns with nulls, rows without an event time, late rows and a late
+    firing: the driver gives what Spark's plans give, epoch by epoch."""
+    rng = random.Random(7)
+    files = []
+    for batch in range(6):
+        rows = []
+        for i in range(40):
+            ts = (batch * 8 + rng.randint(-30, 6)) * SECOND + BASE
+            rows.append(
+                {
+                    "id": batch * 100 + i,
+                    "k1": rng.choice(["a", "b", None]),
+                    "k2": rng.choice([1, 2, None]),
+                    "ts_us": None if rng.random() < 0.05 else ts,
+                }
+            )
+        files.append(rows)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    start = time.time() - 1000
+    for index, rows in enumerate(files):
+        path = folder / f"part-{index:04d}.json"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        os.utime(path, (start + index, start + index))
+
+    @itf.body
+    def windowed(events, ctx):
+        fired = ctx.window(events, EDGE_WINDOWS[window](), "4 seconds", by=["k1", "k2"], name="w")
+        return itf.Declaration(outputs={"fired": fired, "late": ctx.late("w")})
+
+    def run(plan: str) -> list[tuple[Counter, Counter, int, int]]:
+        if plan == "spark":
+            monkeypatch.setattr(event_steps, "DRIVER_WINDOW_BYTES", -1)
+        else:
+            monkeypatch.setattr(event_steps, "DRIVER_WINDOW_BYTES", 2**40)
+            monkeypatch.setattr(event_steps, "estimated_bytes", lambda df: 0)
+        epochs = []
+
+        def gather(end):
+            bounds = [F.unix_micros("window.start"), F.unix_micros("window.end")]
+            keyed = ["id", "k1", "k2", F.unix_micros("ts")]
+            fired = end.outputs["fired"].select(*bounds, "pane", *keyed).collect()
+            late = end.outputs["late"].select(*bounds, *keyed).collect()
+            progress = end.progress
+            epochs.append(
+                (
+                    Counter(map(tuple, fired)),
+                    Counter(map(tuple, late)),
+                    progress.late_rows["w"],
+                    progress.state_rows["w"],
+                )
+            )
+
+        stream = (
+            spark.readStream.schema("id long, k1 string, k2 int, ts_us long")
+            .option("maxFilesPerTrigger", 1)
+            .json(str(folder))
+            .select("id", "k1", "k2", F.timestamp_micros("ts_us").alias("ts"))
+        )
+        query = (
+            itf.UnboundedIteration(windowed)
+            .bind("events", stream, event_time="ts", max_delay="5 seconds")
+            .listen(gather)
+            .start(
+                checkpoint_location=str(tmp_path / f"ckpt-{plan}"),
+                available_now=True,
+                progress=False,
+            )
+        )
+        assert query.await_termination(timeout=120)
+        return epochs
+
+    in_spark, on_driver = run("spark"), run("driver")
+    assert on_driver == in_spark
+    # The data has what the test is about: null keys fired, rows without a time and late
+    # rows dropped, and a window fired again by late rows within its lateness.
+    fired = sum((e[0] for e in in_spark), Counter())
+    late = sum((e[1] for e in in_spark), Counter())
+    assert any(row[4] is None or row[5] is None for row in fired)
+    assert any(row[-1] is None for row in late)
+    assert any(row[-1] is not None for row in late)
+    assert any(row[2] > 0 for row in fired)

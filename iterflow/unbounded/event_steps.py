@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
-import pyarrow.compute as pc
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -50,17 +50,43 @@ from pyspark.sql.types import (
 
 from iterflow.durations import duration_us
 from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
+from iterflow.runtime.datacache.driver_variables import held_frame, held_on_driver
 from iterflow.runtime.round.materialize import Materialized, observe_rows
 from iterflow.runtime.round.materialize import unique_observation as _observation
 from iterflow.runtime.spark.jvm import (
     await_observations,
     deliver_observations,
+    estimated_bytes,
+    is_classic,
     plan_leaves,
     release_local_checkpoint,
     undelivered_observations,
 )
 from iterflow.runtime.spark.observations import observed_metrics
 from iterflow.runtime.spark.schema import has_user_type, quoted, quoted_name
+from iterflow.unbounded.driver_windows import (
+    DRIVER_WINDOW_BYTES,
+    Windowed,
+    can_window,
+    held_marks,
+    output_schema,
+    state_schema,
+    windowed,
+)
+from iterflow.unbounded.window_columns import (
+    DIRTY,
+    FIRES,
+    LATE,
+    NEW,
+    PANE,
+    PANE_OUT,
+    SIDE,
+    TS,
+    WE,
+    WINDOW,
+    WINDOW_END,
+    WS,
+)
 from iterflow.windows import (
     MIN_US,
     FixedWindows,
@@ -68,24 +94,6 @@ from iterflow.windows import (
     SlidingWindows,
     WindowFn,
 )
-
-# Columns iterflow adds to a step's rows while it works on them.
-TS = "_iterflow_ts"  # event time, microseconds
-WS = "_iterflow_window_start"
-WE = "_iterflow_window_end"
-PANE = "_iterflow_pane"  # firings of the row's window so far
-DIRTY = "_iterflow_dirty"  # the row's window holds rows it has not emitted yet
-NEW = "_iterflow_new"  # the row arrived in this epoch
-LATE = "_iterflow_late"
-FIRES = "_iterflow_fires"
-SIDE = "_iterflow_side"
-
-#: Columns a window step adds to its output (an input column of the same name is replaced:
-#: its rows are windowed anew).
-WINDOW, PANE_OUT = "window", "pane"
-#: The event time of rows with no event-time column but a ``window`` (a window step's
-#: aggregated output): the end of their window, less a microsecond (inside it).
-WINDOW_END = "window.end"
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 #: A window step whose state had at most this many rows after the epoch before keeps its
@@ -133,8 +141,9 @@ class _Step:
     output: DataFrame  # what the step returned: its leaves tell later steps they read it
     states: dict[str, DataFrame]  # part -> new state, to materialize
     state_metrics: dict[str, list[Column]]
-    late: DataFrame
+    late: Callable[[], DataFrame]  # the rows dropped as too late (made when asked for)
     late_observations: list[Observation]
+    held: Windowed | None = None  # what the step did on the driver, if it ran there
 
 
 class EpochSteps:
@@ -194,6 +203,10 @@ class EpochSteps:
         watermark, upstream = self._input_watermark(step, "window", spec, df, where)
         # The new rows with their event time, assigned to windows; late ones flagged.
         timed = df.select(*map(quoted, columns), _event_us(event).alias(TS))
+        held = self._held_state(step, window, keys, timed)
+        if held is not None:
+            step_args = (step, spec, upstream, watermark)
+            return self._window_on_driver(step_args, timed, held, window, keys, lateness)
         assigned = _assigned(timed, window, columns)
         late_flag = F.col(WS).isNull()
         if watermark > MIN_US:
@@ -239,10 +252,77 @@ class EpochSteps:
                     F.min(F.when(F.col(DIRTY), F.col(WE))).alias("due"),
                 ]
             },
-            late=classified.where(F.col(LATE)).select(
+            late=lambda: classified.where(F.col(LATE)).select(
                 *map(quoted, columns), _window_struct().alias(WINDOW)
             ),
             late_observations=[counted],
+        )
+        return output
+
+    def _held_state(
+        self, step: str, window: WindowFn, keys: list[str], timed: DataFrame
+    ) -> pa.Table | None:
+        """The state of window step ``step`` held on the driver (an empty table in its first
+        epoch), when the step runs there in this epoch (``driver_windows``): its state is
+        held, its window and keys are ones the driver handles, and Spark estimates the new
+        rows ``timed`` small. None: the step is planned in Spark."""
+        previous = self.previous.get(step)
+        table = None
+        if previous is not None and "state" in previous.frames:
+            table = held_on_driver(previous.frames["state"])
+            if table is None or previous.state_rows > HELD_STATE_ROWS:
+                return None
+        if not (is_classic(timed.sparkSession) and can_window(window, keys, timed.schema)):
+            return None
+        if has_user_type(timed.schema):
+            return None
+        size = estimated_bytes(timed)
+        if size is None or size > DRIVER_WINDOW_BYTES:
+            return None
+        return table if table is not None else pa.table({})
+
+    def _window_on_driver(
+        self,
+        step_args: tuple[str, str, tuple[str, ...], int],
+        timed: DataFrame,
+        state: pa.Table,
+        window: WindowFn,
+        keys: list[str],
+        lateness: int,
+    ) -> DataFrame:
+        """Window step ``step`` in this epoch on the driver (``driver_windows``): one job
+        reads its new rows ``timed``; its output, late rows and new ``state`` are rows held
+        on the driver."""
+        step, spec, upstream, watermark = step_args
+        counted = _observation("rows")
+        new = observe_rows(timed, counted).toArrow()
+        await_observations([counted])  # and the inputs' latest event time, on the same job
+        fire_at = self._fire_at(upstream, watermark)
+        done = windowed(
+            new,
+            state if state.num_columns else None,
+            window,
+            keys=keys,
+            lateness=lateness,
+            watermark=watermark,
+            fire_at=fire_at,
+        )
+        spark = timed.sparkSession
+        columns = StructType([f for f in timed.schema.fields if f.name != TS])
+        output = held_frame(spark, done.output, output_schema(columns))
+        new_state = held_frame(spark, done.state, state_schema(timed.schema))
+        self.steps[step] = _Step(
+            name=step,
+            kind="window",
+            spec=spec,
+            upstream=upstream,
+            input_watermark=fire_at,
+            output=output,
+            states={"state": new_state},
+            state_metrics={},
+            late=lambda: held_frame(spark, done.late, output_schema(columns, pane=False)),
+            late_observations=[],
+            held=done,
         )
         return output
 
@@ -345,9 +425,9 @@ class EpochSteps:
             output=output,
             states=states,
             state_metrics={part: [F.min(TS).alias("hold")] for part in states},
-            late=late.select(SIDE, *[c for c in late.columns if c != SIDE]).withColumnRenamed(
-                SIDE, "side"
-            ),
+            late=lambda: late.select(
+                SIDE, *[c for c in late.columns if c != SIDE]
+            ).withColumnRenamed(SIDE, "side"),
             late_observations=counted,
         )
         return output
@@ -402,16 +482,18 @@ class EpochSteps:
                 f"epoch before it (steps so far: {known}); call ctx.late after the "
                 "ctx.window/ctx.join it names"
             )
-        return step.late
+        return step.late()
 
     # -- the epoch's end ------------------------------------------------------------------
 
     def targets(self) -> tuple[list[DataFrame], dict[int, list[Column]], set[int]]:
         """The steps' new states to materialize with the epoch, what to aggregate over
         each one (on the same job), and which to collect to the driver (a window step's
-        small state: its hold and due are then read from the rows, ``_held_marks``)."""
+        small state: its hold and due are then read from the rows, ``held_marks``)."""
         frames, metrics, held = [], {}, set()
         for step in self.steps.values():
+            if step.held is not None:
+                continue  # ran on the driver: its state is held there already
             for part, df in step.states.items():
                 frames.append(df)
                 if self._holds(step, df):
@@ -428,34 +510,49 @@ class EpochSteps:
         return step.kind == "window" and small and not has_user_type(state.schema)
 
     def outcomes(self, done: Materialized) -> dict[str, StepOutcome]:
-        """What each step did, from the epoch's materialization ``done``."""
+        """What each step did, from the epoch's materialization ``done`` (or, for a step
+        that ran on the driver, from what it did there)."""
         outcomes = {}
         for name, step in self.steps.items():
-            frames = {part: done.frames[id(df)] for part, df in step.states.items()}
-            aggregates = [
-                _held_marks(done.tables[id(df)])
-                if id(df) in done.tables
-                else done.aggregates.get(id(df), {})
-                for df in step.states.values()
-            ]
-            holds = [a["hold"] for a in aggregates if a.get("hold") is not None]
-            dues = [a["due"] for a in aggregates if a.get("due") is not None]
-            late = 0
-            for observation in step.late_observations:
-                metrics = observed_metrics(observation) or {}
-                late += int(metrics.get("late") or 0)
+            if step.held is not None:
+                frames, state_rows = dict(step.states), step.held.state.num_rows
+                late, hold, due = step.held.late_rows, step.held.hold, step.held.due
+            else:
+                frames, state_rows, late, hold, due = self._materialized(step, done)
             outcomes[name] = StepOutcome(
                 kind=step.kind,
                 spec=step.spec,
                 upstream=step.upstream,
                 input_watermark=step.input_watermark,
                 frames=frames,
-                state_rows=sum(done.rows[id(df)] for df in step.states.values()),
+                state_rows=state_rows,
                 late_rows=late,
-                hold=min(holds) if holds else None,
-                due=min(dues) if dues else None,
+                hold=hold,
+                due=due,
             )
         return outcomes
+
+    @staticmethod
+    def _materialized(
+        step: _Step, done: Materialized
+    ) -> tuple[dict[str, DataFrame], int, int, int | None, int | None]:
+        """A step planned in Spark, once the epoch's jobs ran: its new state, the state's
+        rows, its late rows, hold and due."""
+        frames = {part: done.frames[id(df)] for part, df in step.states.items()}
+        aggregates = [
+            held_marks(done.tables[id(df)])
+            if id(df) in done.tables
+            else done.aggregates.get(id(df), {})
+            for df in step.states.values()
+        ]
+        holds = [a["hold"] for a in aggregates if a.get("hold") is not None]
+        dues = [a["due"] for a in aggregates if a.get("due") is not None]
+        late = 0
+        for observation in step.late_observations:
+            metrics = observed_metrics(observation) or {}
+            late += int(metrics.get("late") or 0)
+        state_rows = sum(done.rows[id(df)] for df in step.states.values())
+        return frames, state_rows, late, min(holds) if holds else None, min(dues) if dues else None
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -632,15 +729,6 @@ class EpochSteps:
         for checkpoint in self._checkpoints:
             release_local_checkpoint(checkpoint)
         self._checkpoints = []
-
-
-def _held_marks(table: Any) -> dict[str, Any]:
-    """A window step's hold and due (its ``state_metrics``) from its state's rows."""
-    unfired = pc.equal(table.column(PANE), 0)
-    return {
-        "hold": pc.min(pc.filter(table.column(TS), unfired)).as_py(),
-        "due": pc.min(pc.filter(table.column(WE), table.column(DIRTY))).as_py(),
-    }
 
 
 def _fired(rows: DataFrame, columns: list[str], keys: list[str], watermark: int) -> DataFrame:

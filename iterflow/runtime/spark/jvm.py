@@ -751,3 +751,17 @@ def take_sample(
         rows.add(row)
     sampled = spark._jsparkSession.createDataFrame(rows, df._jdf.schema())
     return ClassicDataFrame(sampled, spark).collect()
+
+
+def estimated_bytes(df: DataFrame) -> int | None:
+    """Spark's estimate of the size of ``df``'s rows, from its optimized plan's statistics
+    (file sizes for a scan of files, rows times row size for local rows), without a job;
+    None where the plan cannot be reached (Spark Connect) or Spark knows no size (its
+    default, ``spark.sql.defaultSizeInBytes``, is as good as none). The plan is made
+    once per DataFrame: an action on ``df`` afterwards reuses it."""
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:
+        return None
+    size = int(str(jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
+    unknown = int(jdf.sparkSession().sessionState().conf().defaultSizeInBytes())
+    return None if size >= unknown else size
