@@ -383,7 +383,8 @@ def test_null_keys_and_times_window_alike_on_the_driver_and_in_spark(
     spark, tmp_path, monkeypatch, window
 ):
     """Two key columns with nulls, rows without an event time, late rows and a late
-    firing: the driver gives what Spark's plans give, epoch by epoch."""
+    firing, in a session time zone other than UTC: the driver gives what Spark's plans
+    give, epoch by epoch."""
     rng = random.Random(7)
     files = []
     for batch in range(6):
@@ -454,7 +455,13 @@ def test_null_keys_and_times_window_alike_on_the_driver_and_in_spark(
         assert query.await_termination(timeout=120)
         return epochs
 
-    in_spark, on_driver = run("spark"), run("driver")
+    # In a session time zone other than UTC (the windows are instants all the same).
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "America/Los_Angeles")
+    try:
+        in_spark, on_driver = run("spark"), run("driver")
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
     assert on_driver == in_spark
     # The data has what the test is about: null keys fired, rows without a time and late
     # rows dropped, and a window fired again by late rows within its lateness.

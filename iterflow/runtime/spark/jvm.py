@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from py4j.protocol import Py4JError
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -762,6 +763,10 @@ def estimated_bytes(df: DataFrame) -> int | None:
     jdf = getattr(df, "_jdf", None)
     if jdf is None:
         return None
-    size = int(str(jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
-    unknown = int(jdf.sparkSession().sessionState().conf().defaultSizeInBytes())
+    try:
+        size = int(str(jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
+        unknown = int(jdf.sparkSession().sessionState().conf().defaultSizeInBytes())
+    except Py4JError:  # a plan whose statistics Spark cannot compute: no estimate
+        log.debug("no size estimate for a plan", exc_info=True)
+        return None
     return None if size >= unknown else size
