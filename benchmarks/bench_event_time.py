@@ -35,7 +35,10 @@ iterflow's output restricted to those windows equals Spark's.
 Runs alternate (the starting variant rotates every repetition) after one warm-up run
 of each over a smaller set of files; reported figures are medians.
 
-    python benchmarks/bench_event_time.py [--quick]
+    python benchmarks/bench_event_time.py [--quick] [--in-spark]
+
+``--in-spark`` plans iterflow's window step in Spark in every epoch (as for a state or
+new rows too large for the driver), to measure that path on the same workload.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import iterflow as itf
+from iterflow.unbounded import event_steps
 
 VARIANTS = ("iterflow", "spark")
 SEED = 2026
@@ -279,7 +283,13 @@ def check(w: Workload, runs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]
 
 
 def main() -> None:
-    args = parse_args("Event-time windows: iterflow's ctx.window vs Structured Streaming's")
+    args = parse_args(
+        "Event-time windows: iterflow's ctx.window vs Structured Streaming's",
+        in_spark="plan iterflow's window step in Spark (never on the driver); results go "
+        "to bench_event_time.in_spark.json",
+    )
+    if args.in_spark:
+        event_steps.DRIVER_WINDOW_BYTES = -1  # every epoch's new rows count as large
     if args.quick:
         files, per_file, warm_files, repetitions = 10, 1_000, 3, 3
     else:
@@ -381,7 +391,7 @@ def main() -> None:
     )
     finish(
         spark,
-        "bench_event_time",
+        "bench_event_time.in_spark" if args.in_spark else "bench_event_time",
         args.quick,
         results,
         seed=SEED,

@@ -628,6 +628,26 @@ def test_to_arrow_reads_rows_held_on_the_driver_without_a_job(spark):
     assert itf.to_arrow(in_spark).to_pylist() == in_spark.toArrow().to_pylist()
 
 
+def test_to_arrow_reads_the_instants_of_timestamps_held_in_the_plan(spark):
+    """Rows in the plan come back through ``collect()``, whose datetimes are local times:
+    the table holds the same instants as Spark's own ``toArrow`` (in any time zone)."""
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "America/Los_Angeles")
+    try:
+        local = spark.createDataFrame(
+            [(1, "2026-01-05 12:00:00"), (2, None)], "id long, at string"
+        ).selectExpr("id", "to_timestamp(at) AS at")
+        local = spark.createDataFrame(local.collect(), local.schema)  # rows in the plan
+        table = itf.to_arrow(local)
+        want = local.toArrow()
+        assert table.column("at").cast("int64").to_pylist() == (
+            want.column("at").cast("int64").to_pylist()
+        )
+        assert table.column("at").to_pylist()[1] is None
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+
+
 def test_a_resident_result_is_a_full_dataframe_for_joins_and_checkpoints(spark, tmp_path):
     """The model a resident kernel returns is rows on the driver; the next round joins it
     with Spark data and durable checkpoints write it, as any DataFrame."""

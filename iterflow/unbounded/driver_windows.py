@@ -133,7 +133,7 @@ def windowed(
         }
     )
     dropped = rows.filter(pa.array(late))
-    marks = held_marks(new_state)
+    marks = _marks(new_state)
     return Windowed(
         output=output,
         state=new_state,
@@ -252,7 +252,7 @@ def _window_of(starts: Any, ends: Any) -> pa.StructArray:
     return pa.StructArray.from_arrays([start, end], names=["start", "end"])
 
 
-def held_marks(table: pa.Table) -> dict[str, Any]:
+def _marks(table: pa.Table) -> dict[str, Any]:
     """A window step's hold and due from its state's rows: the earliest event time of a
     row whose window never fired, and the end of the next window to fire."""
     unfired = pc.equal(table.column(PANE), 0)

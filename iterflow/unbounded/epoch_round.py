@@ -76,7 +76,6 @@ class EpochRound:
             events = (
                 timing.begin(
                     epoch,
-                    partial(self.cycle.caches.cache, lifecycle="round"),
                     inputs.values(),
                     self._seen(observations) if new and self._fires_early() else None,
                 )
@@ -159,14 +158,14 @@ class EpochRound:
 
     def _extras(
         self, events: EpochSteps, feedback: Mapping[str, DataFrame]
-    ) -> tuple[list[DataFrame], dict[int, list[Column]], set[int]]:
+    ) -> tuple[list[DataFrame], dict[int, list[Column]], list[DataFrame]]:
         """The event-time steps' new state, and the earliest event time of the work
-        feedback, to materialize and aggregate with the epoch; the small states are
-        collected to the driver."""
+        feedback, to materialize and aggregate with the epoch, and the steps'
+        checkpoints that the next epoch reads."""
         assert self.event_time is not None
-        targets, metrics, held = events.targets()
+        targets, metrics = events.targets()
         metrics.update(self.event_time.feedback_metrics(feedback, self._is_work))
-        return targets, metrics, held
+        return targets, metrics, events.kept()
 
     def watermark(self, epoch: int) -> int:
         """The epoch watermark after ``epoch``: every record that entered the loop at an

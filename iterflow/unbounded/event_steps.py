@@ -21,9 +21,16 @@ dropped as late that came in time). In the epoch, the step
   (first firing) and of each such window that got new rows since (a late firing,
   an update), or every pair of rows of the two join sides, one of them new, within
   ``within`` of each other;
-- keeps what a later epoch may still need, as its new state, materialized with the
-  epoch's feedback; riding on that job, the earliest event time it still holds
-  (the step's watermark hold) and the end of its next window to fire.
+- keeps what a later epoch may still need, as its new state, with the earliest event
+  time it still holds (the step's watermark hold) and the end of its next window to
+  fire.
+
+A window step costs one Spark job of its own: on the driver (``driver_windows``, for a
+small state and small new rows) the job that reads its new rows; planned in Spark, the
+checkpoint of its new rows with its state's, grouped by window, which the epoch's output
+and the next epoch's state are plans over (its state's rows, hold and due ride on the
+job that reads the output). A join step materializes its state with the epoch's
+feedback, its hold riding on that job.
 
 Event times are handled in microseconds since the Unix epoch (``unix_micros``).
 """
@@ -50,7 +57,7 @@ from pyspark.sql.types import (
 
 from iterflow.durations import duration_us
 from iterflow.errors import IterflowError, IterflowTypeError, IterflowValueError
-from iterflow.runtime.datacache.driver_variables import held_frame, held_on_driver
+from iterflow.runtime.datacache.driver_variables import held_frame, to_arrow
 from iterflow.runtime.round.materialize import Materialized, observe_rows
 from iterflow.runtime.round.materialize import unique_observation as _observation
 from iterflow.runtime.spark.jvm import (
@@ -63,19 +70,18 @@ from iterflow.runtime.spark.jvm import (
     undelivered_observations,
 )
 from iterflow.runtime.spark.observations import observed_metrics
+from iterflow.runtime.spark.planning import static_planning
 from iterflow.runtime.spark.schema import has_user_type, quoted, quoted_name
 from iterflow.unbounded.driver_windows import (
     DRIVER_WINDOW_BYTES,
     Windowed,
     can_window,
-    held_marks,
     output_schema,
     state_schema,
     windowed,
 )
 from iterflow.unbounded.window_columns import (
     DIRTY,
-    FIRES,
     LATE,
     NEW,
     PANE,
@@ -96,9 +102,8 @@ from iterflow.windows import (
 )
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-#: A window step whose state had at most this many rows after the epoch before keeps its
-#: new state on the driver (collected, not checkpointed): a commit then writes it
-#: without a job of its own, as it writes small states inline.
+#: A window step whose state had at most this many rows after the epoch before may run
+#: on the driver (``driver_windows``), which then holds its state.
 HELD_STATE_ROWS = 10_000
 
 log = logging.getLogger("iterflow.unbounded")
@@ -144,6 +149,9 @@ class _Step:
     late: Callable[[], DataFrame]  # the rows dropped as too late (made when asked for)
     late_observations: list[Observation]
     held: Windowed | None = None  # what the step did on the driver, if it ran there
+    #: A window step planned in Spark: the observation of its state's rows, hold and due
+    #: (``state_metrics``) on the job that reads its output, and the checkpoint they are of.
+    marks: tuple[Observation, DataFrame] | None = None
 
 
 class EpochSteps:
@@ -164,7 +172,6 @@ class EpochSteps:
         loop_watermark: int,
         previous: Mapping[str, PreviousStep],
         reserved: Sequence[str],
-        cache: Any,
         inputs: Iterable[DataFrame] = (),
         told: set[str] | None = None,
         firing: Callable[[], int] | None = None,
@@ -174,8 +181,8 @@ class EpochSteps:
         self.loop_watermark = loop_watermark
         self.previous = dict(previous)
         self.reserved = set(reserved)
-        self._cache = cache  # (df) -> df persisted until the end of the epoch
-        self._checkpoints: list[DataFrame] = []
+        self._checkpoints: list[DataFrame] = []  # released at the epoch's end
+        self._kept: list[DataFrame] = []  # released with the round's results (``kept``)
         self.steps: dict[str, _Step] = {}
         self._inputs = list(inputs)
         self._leaves: dict[str, frozenset[int]] = {}  # "" the inputs', else a step's output's
@@ -207,37 +214,71 @@ class EpochSteps:
         if held is not None:
             step_args = (step, spec, upstream, watermark)
             return self._window_on_driver(step_args, timed, held, window, keys, lateness)
-        assigned = _assigned(timed, window, columns)
+        return self._window_in_spark(
+            (step, spec, upstream, watermark), timed, window, keys, lateness, where
+        )
+
+    def _window_in_spark(
+        self,
+        step_args: tuple[str, str, tuple[str, ...], int],
+        timed: DataFrame,
+        window: WindowFn,
+        keys: list[str],
+        lateness: int,
+        where: str,
+    ) -> DataFrame:
+        """Window step ``step`` in this epoch, planned in Spark, with one job of its own:
+        the new rows ``timed``, flagged late or not, with the state's rows, each with its
+        window's pane and dirtiness, checkpointed (``grouped``: what this epoch's output
+        and the next epoch's state read). Its new state is a plan over that checkpoint;
+        the state's rows, hold and due are observed on the job that reads the output."""
+        step, spec, upstream, watermark = step_args
+        columns = [c for c in timed.columns if c != TS]
         late_flag = F.col(WS).isNull()
         if watermark > MIN_US:
             late_flag = late_flag | (F.col(WE) + F.lit(lateness) <= F.lit(watermark))
-        counted = _observation("late")
-        classified = self._checkpoint(assigned.withColumn(LATE, late_flag), counted)
-        fire_at = self._fire_at(upstream, watermark)
         fresh = (
-            classified.where(~F.col(LATE))
-            .drop(LATE)
+            _assigned(timed, window, columns)
             .withColumn(PANE, F.lit(0))
             .withColumn(DIRTY, F.lit(True))
+            .withColumn(LATE, late_flag)
         )
-        state = self._state(step, "state", fresh, where)
-        rows = fresh if state is None else state.unionByName(fresh)
+        state = self._state(step, "state", fresh.drop(LATE), where)
+        rows = fresh if state is None else state.withColumn(LATE, F.lit(False)).unionByName(fresh)
         if window.merging:
             rows = _merged(rows, keys)
-        flagged = self._cache(_fired(rows, columns, keys, fire_at))
-        output = flagged.where(F.col(FIRES)).select(
-            *map(quoted, columns), _window_struct().alias(WINDOW), F.col(PANE).alias(PANE_OUT)
+        counted = _observation("late")
+        grouped = self._checkpoint(_grouped(rows, columns, keys), counted, kept=True)
+        fire_at = self._fire_at(upstream, watermark)
+        on_time = ~F.col(LATE)
+        fires = (
+            on_time & F.col(DIRTY) & (F.col(WE) <= F.lit(fire_at))
+            if fire_at > MIN_US
+            else F.lit(False)
         )
-        keep = F.col(WE) + F.lit(lateness) > F.lit(fire_at)
-        new_state = flagged.where(keep).select(
+        keep = on_time & (F.col(WE) + F.lit(lateness) > F.lit(fire_at))
+        pane = F.col(PANE) + fires.cast("int")
+        marks = [
+            F.sum(keep.cast("long")).alias("rows"),
+            F.min(F.when(keep & (pane == 0), F.col(TS))).alias("hold"),
+            F.min(F.when(keep & F.col(DIRTY) & ~fires, F.col(WE))).alias("due"),
+        ]
+        observation = _observation("state")
+        output = (
+            grouped.observe(observation, *marks)
+            .where(fires)
+            .select(
+                *map(quoted, columns), _window_struct().alias(WINDOW), F.col(PANE).alias(PANE_OUT)
+            )
+        )
+        new_state = grouped.where(keep).select(
             *map(quoted, columns),
             TS,
             WS,
             WE,
-            (F.col(PANE) + F.col(FIRES).cast("int")).alias(PANE),
-            (F.col(DIRTY) & ~F.col(FIRES)).alias(DIRTY),
+            pane.alias(PANE),
+            (F.col(DIRTY) & ~fires).alias(DIRTY),
         )
-        unfired = F.col(PANE) == 0
         self.steps[step] = _Step(
             name=step,
             kind="window",
@@ -246,32 +287,28 @@ class EpochSteps:
             input_watermark=fire_at,
             output=output,
             states={"state": new_state},
-            state_metrics={
-                "state": [
-                    F.min(F.when(unfired, F.col(TS))).alias("hold"),
-                    F.min(F.when(F.col(DIRTY), F.col(WE))).alias("due"),
-                ]
-            },
-            late=lambda: classified.where(F.col(LATE)).select(
+            state_metrics={"state": marks},
+            late=lambda: grouped.where(F.col(LATE)).select(
                 *map(quoted, columns), _window_struct().alias(WINDOW)
             ),
             late_observations=[counted],
+            marks=(observation, grouped),
         )
         return output
 
     def _held_state(
         self, step: str, window: WindowFn, keys: list[str], timed: DataFrame
     ) -> pa.Table | None:
-        """The state of window step ``step`` held on the driver (an empty table in its first
+        """The state of window step ``step`` on the driver (an empty table in its first
         epoch), when the step runs there in this epoch (``driver_windows``): its state is
-        held, its window and keys are ones the driver handles, and Spark estimates the new
-        rows ``timed`` small. None: the step is planned in Spark."""
+        small (``HELD_STATE_ROWS``), its window and keys are ones the driver handles, and
+        Spark estimates the new rows ``timed`` small. A state the driver does not hold yet
+        (the step ran in Spark, or a restart read it) is collected, one job, once. None:
+        the step is planned in Spark."""
         previous = self.previous.get(step)
-        table = None
-        if previous is not None and "state" in previous.frames:
-            table = held_on_driver(previous.frames["state"])
-            if table is None or previous.state_rows > HELD_STATE_ROWS:
-                return None
+        frame = None if previous is None else previous.frames.get("state")
+        if previous is not None and frame is not None and previous.state_rows > HELD_STATE_ROWS:
+            return None
         if not (is_classic(timed.sparkSession) and can_window(window, keys, timed.schema)):
             return None
         if has_user_type(timed.schema):
@@ -279,7 +316,7 @@ class EpochSteps:
         size = estimated_bytes(timed)
         if size is None or size > DRIVER_WINDOW_BYTES:
             return None
-        return table if table is not None else pa.table({})
+        return pa.table({}) if frame is None else to_arrow(frame)
 
     def _window_on_driver(
         self,
@@ -486,28 +523,18 @@ class EpochSteps:
 
     # -- the epoch's end ------------------------------------------------------------------
 
-    def targets(self) -> tuple[list[DataFrame], dict[int, list[Column]], set[int]]:
-        """The steps' new states to materialize with the epoch, what to aggregate over
-        each one (on the same job), and which to collect to the driver (a window step's
-        small state: its hold and due are then read from the rows, ``held_marks``)."""
-        frames, metrics, held = [], {}, set()
+    def targets(self) -> tuple[list[DataFrame], dict[int, list[Column]]]:
+        """The steps' new states to materialize with the epoch (a join step's), and what
+        to aggregate over each one on the same job. A window step's state needs no job
+        of its own: it ran on the driver, or it is a plan over its checkpoint."""
+        frames, metrics = [], {}
         for step in self.steps.values():
-            if step.held is not None:
-                continue  # ran on the driver: its state is held there already
+            if step.kind == "window":
+                continue
             for part, df in step.states.items():
                 frames.append(df)
-                if self._holds(step, df):
-                    held.add(id(df))
-                else:
-                    metrics[id(df)] = step.state_metrics[part]
-        return frames, metrics, held
-
-    def _holds(self, step: _Step, state: DataFrame) -> bool:
-        """A window step's state small after the epoch before, of types Arrow carries (a
-        user-defined type, such as an ML vector, is checkpointed in Spark all the same)."""
-        before = self.previous.get(step.name)
-        small = before is not None and before.state_rows <= HELD_STATE_ROWS
-        return step.kind == "window" and small and not has_user_type(state.schema)
+                metrics[id(df)] = step.state_metrics[part]
+        return frames, metrics
 
     def outcomes(self, done: Materialized) -> dict[str, StepOutcome]:
         """What each step did, from the epoch's materialization ``done`` (or, for a step
@@ -538,20 +565,21 @@ class EpochSteps:
     ) -> tuple[dict[str, DataFrame], int, int, int | None, int | None]:
         """A step planned in Spark, once the epoch's jobs ran: its new state, the state's
         rows, its late rows, hold and due."""
-        frames = {part: done.frames[id(df)] for part, df in step.states.items()}
-        aggregates = [
-            held_marks(done.tables[id(df)])
-            if id(df) in done.tables
-            else done.aggregates.get(id(df), {})
-            for df in step.states.values()
-        ]
+        if step.marks is not None:
+            frames = dict(step.states)
+            aggregates = [_observed_marks(*step.marks, step.state_metrics["state"])]
+            rows = {id(df): int(aggregates[0].get("rows") or 0) for df in frames.values()}
+        else:
+            frames = {part: done.frames[id(df)] for part, df in step.states.items()}
+            aggregates = [done.aggregates.get(id(df), {}) for df in step.states.values()]
+            rows = done.rows
         holds = [a["hold"] for a in aggregates if a.get("hold") is not None]
         dues = [a["due"] for a in aggregates if a.get("due") is not None]
         late = 0
         for observation in step.late_observations:
             metrics = observed_metrics(observation) or {}
             late += int(metrics.get("late") or 0)
-        state_rows = sum(done.rows[id(df)] for df in step.states.values())
+        state_rows = sum(rows[id(df)] for df in step.states.values())
         return frames, state_rows, late, min(holds) if holds else None, min(dues) if dues else None
 
     # -- helpers --------------------------------------------------------------------------
@@ -701,15 +729,20 @@ class EpochSteps:
             )
         return state.select(*map(quoted, fresh.columns))
 
-    def _checkpoint(self, classified: DataFrame, observation: Observation) -> DataFrame:
+    def _checkpoint(
+        self, classified: DataFrame, observation: Observation, kept: bool = False
+    ) -> DataFrame:
         """``classified`` (the new rows, each flagged late or not) evaluated now, once, with
         its late rows counted: what the step's later plans read. Its own job also runs
         the observations in the rows' plan (a cache would hide them from Spark's
-        accounting of observed metrics), such as the input rows' count."""
+        accounting of observed metrics), such as the input rows' count. ``kept``: the
+        next epoch reads it too (a window step's state), so the round holds it as it
+        holds its own results (``kept()``), not only until the epoch's end."""
         observed = observe_rows(
             classified, observation, F.sum(F.col(LATE).cast("long")).alias("late")
         )
-        checkpoint = observed.localCheckpoint(eager=True)
+        with static_planning(observed.sparkSession):  # one job, its shuffle a stage of it
+            checkpoint = observed.localCheckpoint(eager=True)
         deliver_observations(observed)  # over Spark Connect: the plan's observations too
         missing = undelivered_observations(observed)
         if missing:
@@ -721,8 +754,13 @@ class EpochSteps:
                 "Spark for the server (4.3 reports them), or a classic session"
             )
         await_observations([observation])
-        self._checkpoints.append(checkpoint)
+        (self._kept if kept else self._checkpoints).append(checkpoint)
         return checkpoint
+
+    def kept(self) -> list[DataFrame]:
+        """The checkpoints the next epoch reads (its window steps' state is a plan over
+        them), for the round to hold until the next one completes."""
+        return list(self._kept)
 
     def release(self) -> None:
         """Release the steps' evaluated new rows (once the epoch has been materialized)."""
@@ -731,16 +769,30 @@ class EpochSteps:
         self._checkpoints = []
 
 
-def _fired(rows: DataFrame, columns: list[str], keys: list[str], watermark: int) -> DataFrame:
-    """A window step's rows, each with its window's pane and whether the window fires now:
-    once the watermark passed its end if it holds rows it has not emitted (all of them
-    the first time, and late ones, or a session grown by new rows, later)."""
-    by_window = Window.partitionBy(*map(quoted, keys), WS, WE)
+def _observed_marks(
+    observation: Observation, grouped: DataFrame, metrics: list[Column]
+) -> dict[str, Any]:
+    """A window step's state rows, hold and due (``metrics``), as observed on the job
+    that read its output; from a job of their own over its checkpoint ``grouped`` when
+    no job did (the body did not use the output, or a cache hid the observation)."""
+    await_observations([observation])
+    observed = observed_metrics(observation)
+    if observed is not None:
+        return observed
+    first = grouped.agg(*metrics).first()
+    return first.asDict() if first is not None else {}
+
+
+def _grouped(rows: DataFrame, columns: list[str], keys: list[str]) -> DataFrame:
+    """A window step's rows (late ones flagged), each with its window's pane (the highest
+    of its rows') and dirtiness (whether it holds rows it has not emitted: all of them
+    before its first firing, and late ones, or a session grown by new rows, later). Late
+    rows form windows of their own, which never fire."""
+    by_window = Window.partitionBy(*map(quoted, keys), WS, WE, LATE)
     pane = F.max(PANE).over(by_window)
     dirty = F.max(F.col(DIRTY).cast("int")).over(by_window) == 1
-    fires = (F.col(WE) <= F.lit(watermark)) & dirty if watermark > MIN_US else F.lit(False)
     return rows.select(
-        *map(quoted, columns), TS, WS, WE, pane.alias(PANE), dirty.alias(DIRTY), fires.alias(FIRES)
+        *map(quoted, columns), TS, WS, WE, pane.alias(PANE), dirty.alias(DIRTY), LATE
     )
 
 
@@ -859,17 +911,20 @@ def _or_null(windows: Column, element: Any) -> Column:
 
 def _merged(rows: DataFrame, keys: list[str]) -> DataFrame:
     """Session windows: the windows of each key that overlap, merged into one (their
-    earliest start to their latest end); touching windows stay apart."""
-    order = Window.partitionBy(*map(quoted, keys)).orderBy(WS, WE)
+    earliest start to their latest end); touching windows stay apart. Late rows keep
+    their own windows (what ``ctx.late`` shows)."""
+    by_key = [*map(quoted, keys), F.col(LATE)]
+    order = Window.partitionBy(*by_key).orderBy(WS, WE)
     before = F.max(WE).over(order.rowsBetween(Window.unboundedPreceding, -1))
     opens = F.when(before.isNull() | (F.col(WS) >= before), 1).otherwise(0)
     session = "_iterflow_session"
     numbered = rows.withColumn(
         session, F.sum(opens).over(order.rowsBetween(Window.unboundedPreceding, Window.currentRow))
     )
-    merged = Window.partitionBy(*map(quoted, keys), session)
+    merged = Window.partitionBy(*by_key, session)
+    late = F.col(LATE)
     return (
-        numbered.withColumn(WS, F.min(WS).over(merged))
-        .withColumn(WE, F.max(WE).over(merged))
+        numbered.withColumn(WS, F.when(late, F.col(WS)).otherwise(F.min(WS).over(merged)))
+        .withColumn(WE, F.when(late, F.col(WE)).otherwise(F.max(WE).over(merged)))
         .drop(session)
     )

@@ -189,7 +189,6 @@ class EventTime:
     def begin(
         self,
         epoch: int,
-        cache: Callable[[DataFrame], DataFrame],
         inputs: Iterable[DataFrame] = (),
         seen: Callable[[], Mapping[str, Mapping[str, Any] | None]] | None = None,
     ) -> EpochSteps:
@@ -216,7 +215,6 @@ class EventTime:
             loop_watermark=self.loop_input,
             previous=previous,
             reserved=[*self.columns, "loop"],
-            cache=cache,
             inputs=inputs,
             told=self.told_unknown,
             firing=None if seen is None else partial(self.firing, seen),

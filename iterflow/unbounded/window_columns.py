@@ -14,7 +14,6 @@ PANE = "_iterflow_pane"  # firings of the row's window so far
 DIRTY = "_iterflow_dirty"  # the row's window holds rows it has not emitted yet
 NEW = "_iterflow_new"  # the row arrived in this epoch
 LATE = "_iterflow_late"
-FIRES = "_iterflow_fires"
 SIDE = "_iterflow_side"
 
 #: Columns a window step adds to its output (an input column of the same name is replaced:

@@ -114,7 +114,7 @@ class LoopState:
 
 #: More targets and aggregates for a round's materialization, given its feedback.
 Extras = Callable[
-    [Mapping[str, DataFrame]], tuple[list[DataFrame], dict[int, list[Column]], set[int]]
+    [Mapping[str, DataFrame]], tuple[list[DataFrame], dict[int, list[Column]], list[DataFrame]]
 ]
 
 
@@ -150,7 +150,8 @@ def evaluate_round(
 
     ``extras``, given the round's feedback, names more DataFrames to materialize with
     the round (event-time steps' state), aggregates to compute on the same jobs, and
-    which of them (by ``id()``) to collect to the driver instead."""
+    DataFrames materialized already that the next round reads (a window step's
+    checkpoint): the round holds them as it holds its own results."""
     epoch = ctx.epoch
     try:
         declaration = body(inputs, ctx)
@@ -158,7 +159,7 @@ def evaluate_round(
         fail(epoch, f"body '{body.name}'", exc)
     plan = plan_of(declaration)
     feedback, outputs = plan.declaration.feedback, plan.declaration.outputs
-    more, metrics, held = extras(feedback) if extras is not None else ([], {}, set())
+    more, metrics, kept = extras(feedback) if extras is not None else ([], {}, [])
     try:
         done = materialize(
             targets=[*feedback.values(), *outputs.values(), *more],
@@ -167,8 +168,7 @@ def evaluate_round(
             epoch=epoch,
             tracker=tracker,
             on_driver={id(df) for name, df in feedback.items() if name in on_driver}
-            | {id(df) for name, df in outputs.items() if name in outputs_on_driver}
-            | held,
+            | {id(df) for name, df in outputs.items() if name in outputs_on_driver},
             names=_step_names({**outputs, **feedback}),
             metrics=metrics,
         )
@@ -185,7 +185,7 @@ def evaluate_round(
             for name, df in [*feedback.items(), *outputs.items()]
             if id(df) in done.seconds
         },
-        produced=list({id(df): df for df in done.frames.values()}.values()),
+        produced=list({id(df): df for df in [*done.frames.values(), *kept]}.values()),
         tables={  # in the input's column order, like ``variables``
             name: done.tables[id(df)].select(check.schemas[name].fieldNames())
             for name, df in feedback.items()
