@@ -165,12 +165,21 @@ def to_arrow(df: DataFrame) -> pa.Table:
     if held is not None:
         return held
     if is_local(df):  # rows in the plan: collect() runs no Spark job, toArrow() would
-        from pyspark.sql.pandas.types import to_arrow_schema
-
         rows = [_plain(row, df.schema) for row in df.collect()]
         with contextlib.suppress(pa.ArrowException, TypeError, ValueError):
-            return pa.Table.from_pylist(rows, schema=to_arrow_schema(df.schema, timezone="UTC"))
+            return pa.Table.from_pylist(rows, schema=_arrow_schema(df.schema))
     return df.toArrow()
+
+
+def _arrow_schema(schema: StructType) -> pa.Schema:
+    """``schema`` in Arrow's terms, timestamps as UTC instants (PySpark 4.0 makes them so
+    without being asked, and takes no ``timezone``)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    try:
+        return to_arrow_schema(schema, timezone="UTC")
+    except TypeError:
+        return to_arrow_schema(schema)
 
 
 def _plain(value: Any, kind: DataType) -> Any:
