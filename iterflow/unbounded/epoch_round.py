@@ -78,6 +78,7 @@ class EpochRound:
                     epoch,
                     inputs.values(),
                     self._seen(observations) if new and self._fires_early() else None,
+                    fresh=bool(new),
                 )
                 if timing is not None
                 else None

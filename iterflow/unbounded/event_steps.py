@@ -161,7 +161,8 @@ class EpochSteps:
     ``loop_watermark`` is the loop's input watermark for this epoch; ``previous`` what
     each step left after the previous epoch; ``reserved`` names no step may take;
     ``inputs`` are the DataFrames the body gets this epoch; ``told`` the steps already
-    logged as reading rows of unknown origin in this run.
+    logged as reading rows of unknown origin in this run; ``fresh`` whether the epoch
+    has new input rows.
     """
 
     def __init__(
@@ -175,6 +176,7 @@ class EpochSteps:
         inputs: Iterable[DataFrame] = (),
         told: set[str] | None = None,
         firing: Callable[[], int] | None = None,
+        fresh: bool = True,
     ) -> None:
         self.epoch = epoch
         self.event_columns = dict(event_columns)
@@ -183,11 +185,14 @@ class EpochSteps:
         self.reserved = set(reserved)
         self._checkpoints: list[DataFrame] = []  # released at the epoch's end
         self._kept: list[DataFrame] = []  # released with the round's results (``kept``)
+        #: Observations read another way when a job does not deliver them (``marks``).
+        self._optional: set[str] = set()
         self.steps: dict[str, _Step] = {}
         self._inputs = list(inputs)
         self._leaves: dict[str, frozenset[int]] = {}  # "" the inputs', else a step's output's
         self._told = set() if told is None else told
         self._firing = firing  # the loop's watermark with this epoch's rows, once read
+        self.fresh = fresh  # the epoch has new input rows
 
     # -- building ----------------------------------------------------------------------
 
@@ -264,6 +269,7 @@ class EpochSteps:
             F.min(F.when(keep & F.col(DIRTY) & ~fires, F.col(WE))).alias("due"),
         ]
         observation = _observation("state")
+        self._optional.add(str(observation._name))
         output = (
             grouped.observe(observation, *marks)
             .where(fires)
@@ -744,8 +750,10 @@ class EpochSteps:
         with static_planning(observed.sparkSession):  # one job, its shuffle a stage of it
             checkpoint = observed.localCheckpoint(eager=True)
         deliver_observations(observed)  # over Spark Connect: the plan's observations too
-        missing = undelivered_observations(observed)
-        if missing:
+        # An epoch without new rows needs none of them (and Spark may prune the empty
+        # rows' branch, their observation with it).
+        missing = [n for n in undelivered_observations(observed) if n not in self._optional]
+        if missing and self.fresh:
             raise IterflowError(
                 "event time over this Spark Connect server: after the step's job it "
                 f"reported no metrics for the observations {missing} inside its plan "

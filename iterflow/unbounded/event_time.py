@@ -191,12 +191,14 @@ class EventTime:
         epoch: int,
         inputs: Iterable[DataFrame] = (),
         seen: Callable[[], Mapping[str, Mapping[str, Any] | None]] | None = None,
+        fresh: bool = True,
     ) -> EpochSteps:
         """The event-time steps of epoch ``epoch``, with this epoch's watermarks; ``inputs``
         are the DataFrames the body gets. ``seen`` reads what the epoch's jobs have
         observed so far of each streaming input's new rows: with it, a window step fires
         under the watermark those rows make (``firing``); None (no new rows, or work
-        feedback that keeps its event time) keeps the watermark of the epoch before."""
+        feedback that keeps its event time) keeps the watermark of the epoch before.
+        ``fresh``: the epoch has new input rows."""
         self.loop_input = max(self.loop_input, self._input_now())
         previous = {
             name: PreviousStep(
@@ -218,6 +220,7 @@ class EventTime:
             inputs=inputs,
             told=self.told_unknown,
             firing=None if seen is None else partial(self.firing, seen),
+            fresh=fresh,
         )
 
     def firing(self, seen: Callable[[], Mapping[str, Mapping[str, Any] | None]]) -> int:
