@@ -96,7 +96,7 @@ def _groupable(kind: DataType) -> bool:
 
 def windowed(
     timed: pa.Table,
-    state: pa.Table | None,
+    state: pa.Table,
     window: WindowFn,
     *,
     keys: Sequence[str],
@@ -105,7 +105,7 @@ def windowed(
     fire_at: int,
 ) -> Windowed:
     """A window step's epoch: the new rows ``timed`` (the step's columns and ``TS``) flagged
-    late under the input ``watermark``, the others added to ``state`` (None: empty),
+    late under the input ``watermark``, the others added to ``state`` (no rows: none yet),
     windows merged (sessions), fired under ``fire_at`` and evicted once ``lateness`` past
     it, as ``event_steps.EpochSteps.window`` plans it in Spark."""
     columns = [c for c in timed.column_names if c != TS]
@@ -114,13 +114,14 @@ def windowed(
     fresh = rows.filter(pa.array(~late))
     fresh = fresh.append_column(PANE, pa.array(np.zeros(fresh.num_rows, np.int32)))
     fresh = fresh.append_column(DIRTY, pa.array(np.ones(fresh.num_rows, bool)))
-    if state is not None and state.num_rows:
+    if state.num_rows:
         fresh = pa.concat_tables([state.select(fresh.column_names).cast(fresh.schema), fresh])
     ws, we, pane, dirty = _fired_groups(fresh, keys, window.merging)
     fires = (we <= fire_at) & dirty if fire_at > MIN_US else np.zeros(len(we), bool)
     keep = we + lateness > fire_at
     output = fresh.filter(pa.array(fires)).select(columns)
-    output = output.append_column(WINDOW, _window(ws[fires], we[fires]))
+    bounds = (pa.array(ws[fires], pa.int64()), pa.array(we[fires], pa.int64()))
+    output = output.append_column(WINDOW, _window_of(*bounds))
     output = output.append_column(PANE_OUT, pa.array(pane[fires], pa.int32()))
     kept = fresh.filter(pa.array(keep)).select([*columns, TS])
     new_state = pa.table(
@@ -237,10 +238,6 @@ def _merged(key: np.ndarray, ws: np.ndarray, we: np.ndarray) -> tuple[np.ndarray
     merged_ws[order] = np.minimum.reduceat(s, starts)[session]
     merged_we[order] = np.maximum.reduceat(e, starts)[session]
     return merged_ws, merged_we
-
-
-def _window(starts: np.ndarray, ends: np.ndarray) -> pa.StructArray:
-    return _window_of(pa.array(starts, pa.int64()), pa.array(ends, pa.int64()))
 
 
 def _window_of(starts: Any, ends: Any) -> pa.StructArray:

@@ -150,8 +150,8 @@ class _Step:
     late_observations: list[Observation]
     held: Windowed | None = None  # what the step did on the driver, if it ran there
     #: A window step planned in Spark: the observation of its state's rows, hold and due
-    #: (``state_metrics``) on the job that reads its output, and the checkpoint they are of.
-    marks: tuple[Observation, DataFrame] | None = None
+    #: on the job that reads its output, the checkpoint they are of, and the aggregates.
+    marks: tuple[Observation, DataFrame, list[Column]] | None = None
 
 
 class EpochSteps:
@@ -293,12 +293,12 @@ class EpochSteps:
             input_watermark=fire_at,
             output=output,
             states={"state": new_state},
-            state_metrics={"state": marks},
+            state_metrics={},
             late=lambda: grouped.where(F.col(LATE)).select(
                 *map(quoted, columns), _window_struct().alias(WINDOW)
             ),
             late_observations=[counted],
-            marks=(observation, grouped),
+            marks=(observation, grouped, marks),
         )
         return output
 
@@ -343,7 +343,7 @@ class EpochSteps:
         fire_at = self._fire_at(upstream, watermark)
         done = windowed(
             new,
-            state if state.num_columns else None,
+            state,
             window,
             keys=keys,
             lateness=lateness,
@@ -573,19 +573,20 @@ class EpochSteps:
         rows, its late rows, hold and due."""
         if step.marks is not None:
             frames = dict(step.states)
-            aggregates = [_observed_marks(*step.marks, step.state_metrics["state"])]
-            rows = {id(df): int(aggregates[0].get("rows") or 0) for df in frames.values()}
+            aggregates = [_observed_marks(*step.marks)]
         else:
             frames = {part: done.frames[id(df)] for part, df in step.states.items()}
-            aggregates = [done.aggregates.get(id(df), {}) for df in step.states.values()]
-            rows = done.rows
+            aggregates = [
+                {**done.aggregates.get(id(df), {}), "rows": done.rows[id(df)]}
+                for df in step.states.values()
+            ]
         holds = [a["hold"] for a in aggregates if a.get("hold") is not None]
         dues = [a["due"] for a in aggregates if a.get("due") is not None]
         late = 0
         for observation in step.late_observations:
             metrics = observed_metrics(observation) or {}
             late += int(metrics.get("late") or 0)
-        state_rows = sum(rows[id(df)] for df in step.states.values())
+        state_rows = sum(int(a.get("rows") or 0) for a in aggregates)
         return frames, state_rows, late, min(holds) if holds else None, min(dues) if dues else None
 
     # -- helpers --------------------------------------------------------------------------
